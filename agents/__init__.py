@@ -1,0 +1,1 @@
+"""Node-side programs: collectors, the publisher, executors, the simulated fleet."""

@@ -1,0 +1,5 @@
+import sys
+
+from fleetloop.cli import main
+
+sys.exit(main())

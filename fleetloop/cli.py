@@ -1,0 +1,202 @@
+"""The `fleetloop` command: thin wiring from flags and env vars to components."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from fleetloop.settings import AgentSettings, BrokerSettings, ConnectionSettings, WorkerSettings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
+    """One ``--flag`` per settings field; unset flags fall through to env and defaults."""
+    for name, field in cls.model_fields.items():
+        parser.add_argument(
+            "--" + name.replace("_", "-"), dest=f"setting__{name}", default=argparse.SUPPRESS,
+            metavar=name.upper(), help=field.description or f"(default: {field.default})",
+        )
+
+
+def _settings(cls: type[S], args: argparse.Namespace) -> S:
+    given = {k.removeprefix("setting__"): v for k, v in vars(args).items()
+             if k.startswith("setting__")}
+    overrides = {k: v for k, v in given.items() if k in cls.model_fields}
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise SystemExit(f"fleetloop: bad settings for {cls.__name__}:\n{exc}") from None
+
+
+def _cmd_kafka(args: argparse.Namespace) -> int:
+    from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker
+
+    broker = LocalKafkaBroker(_settings(BrokerSettings, args))
+    try:
+        if args.action == "fetch":
+            print(f"kafka {broker.version} jars in {broker.fetch()}")
+        elif args.action == "up":
+            print(broker.up().describe())
+        elif args.action == "status":
+            status = broker.status()
+            print(status.describe())
+            return 0 if status.reachable else 3
+        elif args.action == "down":
+            broker.down()
+            print("kafka down")
+        elif args.action == "logs":
+            print(broker.log_tail(200))
+    except BrokerError as exc:
+        print(f"fleetloop kafka {args.action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from fleetloop.topics_admin import ensure_topics
+
+    settings = _settings(ConnectionSettings, args)
+    created = asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    print(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
+    return 0
+
+
+def _cmd_schemas(args: argparse.Namespace) -> int:
+    from schemas.export import export_json_schemas
+
+    for path in export_json_schemas(Path(args.directory)):
+        print(path)
+    return 0
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from agents.publisher import KafkaPublisher
+    from agents.runner import run_agent
+    from agents.simulated import SimulatedFleetAgent
+
+    settings = _settings(AgentSettings, args)
+    registry = CollectorRegistry()
+    if settings.metrics_port is not None:
+        start_http_server(settings.metrics_port, addr="127.0.0.1", registry=registry)
+    agent = SimulatedFleetAgent(
+        nodes=settings.nodes, devices_per_node=settings.devices_per_node, seed=settings.seed,
+        start=datetime.now(UTC), interval_s=settings.interval_s,
+    )
+
+    async def main() -> int:
+        async with KafkaPublisher(
+            settings.kafka_bootstrap, topic_prefix=settings.topic_prefix, registry=registry
+        ) as publisher:
+            return await run_agent(
+                agent, publisher, ticks=settings.ticks, interval_s=settings.interval_s,
+                on_tick=lambda n, sent: logging.info("tick %d: %d events acknowledged", n, sent),
+            )
+
+    sent = asyncio.run(main())
+    print(f"published {sent} events")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from fleetloop.worker import run_worker
+
+    run_worker(_settings(WorkerSettings, args), loglevel=args.loglevel)
+    return 0
+
+
+def _cmd_sql(args: argparse.Namespace) -> int:
+    from fleetloop.sqlclient import QueryError, format_table, run_query
+
+    try:
+        result = run_query(_settings(ConnectionSettings, args), args.query)
+    except QueryError as exc:
+        print(f"fleetloop sql: {exc}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(json.dumps({"columns": result.columns, "rows": result.rows}, default=str))
+    else:
+        print(format_table(result))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from fleetloop.demo import run_demo
+
+    return run_demo(
+        _settings(BrokerSettings, args), _settings(AgentSettings, args),
+        keep_running=args.keep_running,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetloop", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="local single-node Kafka broker")
+    kafka.add_argument("action", choices=["fetch", "up", "status", "down", "logs"])
+    _add_settings_flags(kafka, BrokerSettings)
+    kafka.set_defaults(func=_cmd_kafka)
+
+    topics = sub.add_parser("topics", help="create the registry's topics")
+    topics.add_argument("action", choices=["create"])
+    _add_settings_flags(topics, ConnectionSettings)
+    topics.set_defaults(func=_cmd_topics)
+
+    schemas = sub.add_parser("schemas", help="contract tools")
+    schemas.add_argument("action", choices=["export"])
+    schemas.add_argument("directory")
+    schemas.set_defaults(func=_cmd_schemas)
+
+    agent = sub.add_parser("agent", help="run the simulated node agents")
+    _add_settings_flags(agent, AgentSettings)
+    agent.set_defaults(func=_cmd_agent)
+
+    worker = sub.add_parser("worker", help="run a stream worker")
+    worker.add_argument("--loglevel", default="info")
+    _add_settings_flags(worker, WorkerSettings)
+    worker.set_defaults(func=_cmd_worker)
+
+    sql = sub.add_parser("sql", help="query ClickHouse (embedded or server)")
+    sql.add_argument("query")
+    sql.add_argument("--format", choices=["table", "json"], default="table")
+    _add_settings_flags(sql, ConnectionSettings)
+    sql.set_defaults(func=_cmd_sql)
+
+    demo = sub.add_parser("demo", help="live demo on embedded defaults")
+    demo.add_argument("--keep-running", action="store_true", help="leave broker and worker up")
+    _add_settings_flags(demo, AgentSettings)
+    for name in ("broker_dir", "jar_dir", "port", "controller_port"):
+        demo.add_argument("--" + name.replace("_", "-"), dest=f"setting__{name}",
+                          default=argparse.SUPPRESS)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    result: Any = args.func(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

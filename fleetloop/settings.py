@@ -1,0 +1,79 @@
+"""Settings, one frozen class per deployable, validated at start-up.
+
+Every option is reachable by environment variable (``FLEETLOOP_<NAME>``, plus
+the two well-known ones ``KAFKA_BOOTSTRAP`` and ``CLICKHOUSE_URL``) and by a
+CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INFRA_DIR = REPO_ROOT / "infra"
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETLOOP_", frozen=True, extra="forbid", populate_by_name=True
+    )
+
+
+class BrokerSettings(_Base):
+    """The local single-node KRaft broker (`fleetloop kafka ...`)."""
+
+    broker_dir: Path = Field(Path("var/kafka"), description="broker data, config and logs")
+    jar_dir: Path = Field(Path(".cache/kafka"), description="jar cache (resolved from Maven)")
+    port: int = Field(9092, ge=1, le=65535)
+    controller_port: int = Field(9093, ge=1, le=65535)
+    heap: str = Field("-Xms512m -Xmx1g", description="JVM heap flags")
+    start_timeout_s: float = Field(90.0, gt=0)
+    java: str = "java"
+    mvn: str = "mvn"
+
+
+class ConnectionSettings(_Base):
+    """Where Kafka and ClickHouse are."""
+
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "FLEETLOOP_KAFKA_BOOTSTRAP"),
+        description="Kafka bootstrap servers, host:port[,host:port]",
+    )
+    clickhouse_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CLICKHOUSE_URL", "FLEETLOOP_CLICKHOUSE_URL"),
+        description="ClickHouse server URL (http://user:pass@host:8123/db); embedded when unset",
+    )
+    clickhouse_dir: Path = Field(Path("var/clickhouse"), description="embedded chDB data dir")
+    clickhouse_database: str = "fleetloop"
+    topic_prefix: str = Field("", description="prepended to every topic name (isolation)")
+    query_url: str = Field(
+        "http://127.0.0.1:6066",
+        description="HTTP address of the worker that owns the embedded ClickHouse data",
+    )
+
+
+class AgentSettings(ConnectionSettings):
+    """The simulated node agent (`fleetloop agent`)."""
+
+    nodes: int = Field(4, ge=1)
+    devices_per_node: int = Field(8, ge=1, le=16)
+    interval_s: float = Field(1.0, gt=0)
+    ticks: int | None = Field(None, ge=1, description="stop after this many ticks")
+    seed: int = 7
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
+
+
+class WorkerSettings(ConnectionSettings):
+    """The faust stream worker (`fleetloop worker`)."""
+
+    app_id: str = "fleetloop"
+    worker_dir: Path = Field(Path("var/worker"), description="faust data dir of this worker")
+    web_port: int = Field(6066, ge=1, le=65535, description="metrics, health and /sql")
+    batch_max: int = Field(10_000, ge=1, description="rows per ClickHouse insert at most")
+    batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
+    session_timeout_s: float = Field(10.0, gt=0)

@@ -1,0 +1,43 @@
+"""Wiring for `fleetloop worker`: settings -> store, topics, faust app, run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import faust
+
+from fleetloop.settings import WorkerSettings
+from fleetloop.topics_admin import ensure_topics
+from streams.app import WorkerConfig, create_app
+from streams.clickhouse_store import open_store
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
+    """Run one stream worker until SIGTERM/SIGINT."""
+    store = open_store(
+        url=settings.clickhouse_url, data_dir=settings.clickhouse_dir,
+        database=settings.clickhouse_database,
+    )
+    store.apply_schema()
+    asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    config = WorkerConfig(
+        app_id=settings.app_id,
+        bootstrap=settings.kafka_bootstrap,
+        worker_dir=settings.worker_dir,
+        web_port=settings.web_port,
+        topic_prefix=settings.topic_prefix,
+        batch_max=settings.batch_max,
+        batch_within_s=settings.batch_within_s,
+        session_timeout_s=settings.session_timeout_s,
+    )
+    settings.worker_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(config, store)
+    quiet = logging.getLevelName(loglevel.upper()) >= logging.WARNING
+    worker = faust.Worker(app, loglevel=loglevel, quiet=quiet)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        store.close()

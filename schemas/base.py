@@ -1,0 +1,54 @@
+"""Shared building blocks of every payload.
+
+Every payload carries ``schema_version``. Models are frozen, reject unknown
+fields and reject non-finite floats, so a NaN can never reach a controller
+through a decoded event.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+"""A timezone-aware instant, normalised to UTC."""
+
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+Count = Annotated[int, Field(ge=0)]
+Identifier = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class Contract(BaseModel):
+    """Base of every payload: frozen, closed, finite."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        allow_inf_nan=False,
+        use_enum_values=False,
+        ser_json_inf_nan="null",
+    )
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+class AcceleratorType(StrEnum):
+    """Accelerator families the fleet runs."""
+
+    H100 = "H100"
+    B200 = "B200"
+    A100 = "A100"
+    MI300X = "MI300X"
+    MTIA = "MTIA"
+    CPU = "CPU"

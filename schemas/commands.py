@@ -1,0 +1,159 @@
+"""Commands (decisions addressed to an executor) and their results.
+
+A command is typed, expiring, idempotent by ``command_id`` and signed with
+HMAC-SHA256 over its canonical payload (see :mod:`schemas.signing`). Every
+command an executor receives produces exactly one :class:`CommandResult`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+from uuid import UUID
+
+from pydantic import Field, model_validator
+
+from schemas.base import Contract, Count, Identifier, NonNegFloat, Ratio, UtcDatetime
+
+
+class Target(Contract):
+    """What a command acts on; the narrowest non-null field wins (device > node > pool)."""
+
+    node_id: Identifier | None = None
+    device_uuid: Identifier | None = None
+    pool: Identifier | None = None
+    rack_id: Identifier | None = None
+    region: Identifier | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Target:
+        if not any((self.node_id, self.device_uuid, self.pool, self.rack_id, self.region)):
+            raise ValueError("a command target names at least one of node, device, pool, rack")
+        return self
+
+
+class Command(Contract):
+    """Common header of every command."""
+
+    command_id: UUID
+    issued_at: UtcDatetime
+    expires_at: UtcDatetime
+    issuer: Identifier
+    target: Target
+    reason: Annotated[str, Field(min_length=1, max_length=64)]
+    message: Annotated[str, Field(max_length=1024)] = ""
+    key_id: Identifier | None = None
+    signature: Annotated[str, Field(max_length=128)] | None = None
+
+    @model_validator(mode="after")
+    def _expires_after_issue(self) -> Command:
+        if self.expires_at <= self.issued_at:
+            raise ValueError("expires_at must be after issued_at")
+        return self
+
+
+class RouteAction(StrEnum):
+    DEWEIGHT = "deweight"
+    STOP_NEW_SESSIONS = "stop_new_sessions"
+    DRAIN = "drain"
+    QUARANTINE = "quarantine"
+    RESTORE = "restore"
+
+
+class RouteCommand(Command):
+    """Isolation ladder and routing weights, for the node and router executors."""
+
+    action: RouteAction
+    weight_ratio: Ratio | None = Field(default=None, description="new weight for deweight")
+
+
+class ThrottleAction(StrEnum):
+    POWER_CAP = "power_cap"
+    CLOCK_MODE = "clock_mode"
+    BATCH_SIZE = "batch_size"
+    ADMISSION = "admission"
+    OPPORTUNISTIC_BUDGET = "opportunistic_budget"
+
+
+class ClockMode(StrEnum):
+    DEFAULT = "default"
+    LOW = "low"
+
+
+class ThrottleCommand(Command):
+    """Power, clock, batch and admission levers."""
+
+    action: ThrottleAction
+    power_limit_watts: NonNegFloat | None = None
+    clock_mode: ClockMode | None = None
+    batch_size_max: Count | None = None
+    admission_ratio: Ratio | None = None
+    opportunistic_budget_ratio: Ratio | None = None
+
+    @model_validator(mode="after")
+    def _parameter_for_action(self) -> ThrottleCommand:
+        needed = {
+            ThrottleAction.POWER_CAP: self.power_limit_watts,
+            ThrottleAction.CLOCK_MODE: self.clock_mode,
+            ThrottleAction.BATCH_SIZE: self.batch_size_max,
+            ThrottleAction.ADMISSION: self.admission_ratio,
+            ThrottleAction.OPPORTUNISTIC_BUDGET: self.opportunistic_budget_ratio,
+        }[self.action]
+        if needed is None:
+            raise ValueError(f"throttle action {self.action.value!r} needs its parameter")
+        return self
+
+
+class WarmAction(StrEnum):
+    WARM = "warm"
+    COOL = "cool"
+
+
+class WarmCommand(Command):
+    """Load (warm) or unload (cool) a model on a pool, for the warmer executor."""
+
+    action: WarmAction
+    model: Identifier
+    replicas: Annotated[int, Field(ge=1)] = 1
+    deadline_at: UtcDatetime | None = Field(
+        default=None, description="when the replicas must be serving (warm only)"
+    )
+
+
+class ResultStatus(StrEnum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    EXPIRED = "expired"
+    BAD_SIGNATURE = "bad_signature"
+    FAILED_TRANSIENT = "failed_transient"
+    FAILED_PERMANENT = "failed_permanent"
+
+
+class CommandResult(Contract):
+    """What an executor did with one command."""
+
+    result_id: UUID
+    command_id: UUID
+    command_type: Identifier
+    executor: Identifier
+    status: ResultStatus
+    detail: Annotated[str, Field(max_length=1024)] = ""
+    received_at: UtcDatetime
+    completed_at: UtcDatetime
+    retry_after_s: NonNegFloat | None = None
+
+
+class DeadLetter(Contract):
+    """A message the pipeline could not accept, with its coordinates and raw bytes."""
+
+    source_topic: Identifier
+    source_partition: Count
+    source_offset: Count
+    source_key: str | None = None
+    error_kind: Identifier
+    error: Annotated[str, Field(max_length=4096)]
+    raw_base64: str
+    received_at: UtcDatetime
+
+
+COMMAND_TYPES: tuple[type[Command], ...] = (RouteCommand, ThrottleCommand, WarmCommand)

@@ -1,0 +1,119 @@
+"""The topic registry: the single source of truth for every Kafka topic.
+
+Names carry their contract version (``.v1``). Each telemetry topic has a dead
+letter twin, ``<name>.dlq``, whose values are :class:`~schemas.commands.DeadLetter`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from schemas.base import Contract
+from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
+from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
+
+DAY_MS = 24 * 3600 * 1000
+
+
+class TopicKind(StrEnum):
+    TELEMETRY = "telemetry"
+    COMMAND = "command"
+    RESULT = "result"
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic: name, what keys it, what its values are, and how it is kept."""
+
+    name: str
+    kind: TopicKind
+    value_type: type[Contract]
+    key_fields: tuple[str, ...]
+    partitions: int
+    retention_ms: int
+    compacted: bool = False
+    table: str = ""
+
+    @property
+    def dlq_name(self) -> str:
+        return f"{self.name}.dlq"
+
+    def key_for(self, value: Contract) -> bytes:
+        """Message key: the key fields joined by ``|`` (node id for telemetry)."""
+        return "|".join(str(getattr(value, f)) for f in self.key_fields).encode()
+
+    def config(self) -> dict[str, str]:
+        """Broker-side topic configuration."""
+        return {
+            "retention.ms": str(self.retention_ms),
+            "cleanup.policy": "compact,delete" if self.compacted else "delete",
+        }
+
+
+ACCELERATOR = TopicSpec(
+    "telemetry.accelerator.v1", TopicKind.TELEMETRY, AcceleratorTelemetry, ("node_id",),
+    partitions=12, retention_ms=3 * DAY_MS, table="accelerator_telemetry",
+)
+NODE_HEALTH = TopicSpec(
+    "telemetry.node_health.v1", TopicKind.TELEMETRY, NodeHealth, ("node_id",),
+    partitions=12, retention_ms=3 * DAY_MS, table="node_health",
+)
+PDU = TopicSpec(
+    "telemetry.pdu.v1", TopicKind.TELEMETRY, PduReading, ("pdu_id",),
+    partitions=4, retention_ms=7 * DAY_MS, table="pdu_readings",
+)
+SERVING = TopicSpec(
+    "telemetry.serving.v1", TopicKind.TELEMETRY, ServingMetrics, ("node_id",),
+    partitions=12, retention_ms=3 * DAY_MS, table="serving_metrics",
+)
+DEMAND = TopicSpec(
+    "telemetry.demand.v1", TopicKind.TELEMETRY, Demand, ("model", "region"),
+    partitions=4, retention_ms=14 * DAY_MS, table="demand",
+)
+ROUTE_COMMANDS = TopicSpec(
+    "commands.route.v1", TopicKind.COMMAND, RouteCommand, ("target",),
+    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+)
+THROTTLE_COMMANDS = TopicSpec(
+    "commands.throttle.v1", TopicKind.COMMAND, ThrottleCommand, ("target",),
+    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+)
+WARM_COMMANDS = TopicSpec(
+    "commands.warm.v1", TopicKind.COMMAND, WarmCommand, ("model",),
+    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+)
+COMMAND_RESULTS = TopicSpec(
+    "commands.results.v1", TopicKind.RESULT, CommandResult, ("command_id",),
+    partitions=4, retention_ms=30 * DAY_MS, table="command_results",
+)
+
+TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND)
+COMMAND_TOPICS: tuple[TopicSpec, ...] = (ROUTE_COMMANDS, THROTTLE_COMMANDS, WARM_COMMANDS)
+
+
+def dead_letter_topic(source: TopicSpec) -> TopicSpec:
+    """The dead letter twin of ``source``; keyed like it, kept longer."""
+    return TopicSpec(
+        source.dlq_name, TopicKind.DEAD_LETTER, DeadLetter, ("source_key",),
+        partitions=1, retention_ms=30 * DAY_MS, table="dead_letters",
+    )
+
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    *TELEMETRY_TOPICS,
+    *(dead_letter_topic(t) for t in TELEMETRY_TOPICS),
+    *COMMAND_TOPICS,
+    COMMAND_RESULTS,
+)
+
+_BY_NAME = {t.name: t for t in ALL_TOPICS}
+
+
+def by_name(name: str) -> TopicSpec:
+    """Look a topic up by name; ``KeyError`` names the known ones."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown topic {name!r}; known: {sorted(_BY_NAME)}") from None

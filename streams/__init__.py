@@ -1,0 +1,1 @@
+"""The faust deployable: thin processors, the ClickHouse sink, the worker's web surface."""

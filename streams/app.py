@@ -1,0 +1,154 @@
+"""The faust worker: one ingest processor per telemetry topic, the sink, the web surface.
+
+Each processor is thin: take a batch of events, split it into valid events and
+dead letters (pure), publish dead letters to ``<topic>.dlq``, write both to
+ClickHouse, count. faust acks the batch only after the loop body returns, so
+offsets are committed after ClickHouse holds the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import faust
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from schemas.codec import encode
+from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+from streams.clickhouse_store import ClickHouseStore
+from streams.ingest import RawMessage, split
+from streams.rows import Coordinates
+from streams.sink import ClickHouseSink
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What the worker needs, as plain values (the CLI maps settings onto it)."""
+
+    app_id: str
+    bootstrap: str
+    worker_dir: Path
+    web_port: int
+    topic_prefix: str = ""
+    batch_max: int = 10_000
+    batch_within_s: float = 1.0
+    session_timeout_s: float = 10.0
+
+
+class IngestMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "fleetloop_ingest_events_total", "Messages consumed by ingest, by outcome",
+            ["topic", "outcome"], registry=registry,
+        )
+        self.dead_letters = Counter(
+            "fleetloop_dead_letters_total", "Messages sent to a dead letter topic",
+            ["topic", "error_kind"], registry=registry,
+        )
+        self.errors = Counter(
+            "fleetloop_processing_errors_total", "Batches that failed in a processor",
+            ["processor"], registry=registry,
+        )
+
+
+def create_app(
+    config: WorkerConfig, store: ClickHouseStore, registry: CollectorRegistry | None = None
+) -> faust.App:
+    """Build the faust app with its processors and web pages."""
+    registry = registry or CollectorRegistry()
+    app = faust.App(
+        config.app_id,
+        broker=[f"kafka://{h.strip()}" for h in config.bootstrap.split(",")],
+        datadir=str(config.worker_dir),
+        store="memory://",
+        value_serializer="raw",
+        key_serializer="raw",
+        web_port=config.web_port,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        broker_session_timeout=config.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
+        consumer_auto_offset_reset="earliest",
+        topic_disable_leader=True,
+        producer_acks=-1,
+        topic_allow_declare=False,
+    )
+    sink = ClickHouseSink(store, registry=registry)
+    metrics = IngestMetrics(registry)
+
+    @app.on_partitions_revoked.connect  # type: ignore[misc]
+    async def _moved(_app: faust.App, revoked: set[Any], **_: Any) -> None:
+        sink.marks.forget((tp.topic, tp.partition) for tp in revoked)
+
+    for spec in TELEMETRY_TOPICS:
+        _add_ingest(app, config, spec, sink, metrics)
+    _add_pages(app, store, registry)
+    return app
+
+
+def _add_ingest(
+    app: faust.App, config: WorkerConfig, spec: TopicSpec, sink: ClickHouseSink, m: IngestMetrics
+) -> None:
+    name = config.topic_prefix + spec.name
+    source = app.topic(name, value_type=bytes, key_type=bytes, partitions=spec.partitions)
+    dlq = app.topic(config.topic_prefix + spec.dlq_name, value_type=bytes, key_type=bytes)
+    valid_count = m.events.labels(name, "valid")
+    dead_count = m.events.labels(name, "dead_letter")
+
+    async def ingest(stream: Any) -> None:
+        async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
+            now = datetime.now(UTC)
+            messages = [
+                RawMessage(
+                    Coordinates(e.message.topic, e.message.partition, e.message.offset),
+                    e.message.key, e.message.value,
+                )
+                for e in events
+            ]
+            result = split(messages, spec.value_type, now=now)
+            dead = await sink.unseen(result.dead)
+            for letter, _at in dead:
+                await dlq.send(key=(letter.source_key or "").encode(), value=encode(letter))
+                m.dead_letters.labels(name, letter.error_kind).inc()
+            if dead:
+                await app.producer.flush()  # dead letters are durable before offsets move
+            await sink.write([*result.valid, *dead], now=now)
+            valid_count.inc(len(result.valid))
+            dead_count.inc(len(result.dead))
+
+    ingest.__name__ = f"ingest_{spec.table}"
+    app.agent(source, name=f"ingest.{spec.table}", concurrency=1)(ingest)
+
+
+def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegistry) -> None:
+    @app.page("/metrics")  # type: ignore[misc]
+    async def metrics_page(web: Any, request: Any) -> Any:
+        # aiohttp wants the charset apart from the media type
+        media_type = CONTENT_TYPE_LATEST.split("; charset=")[0]
+        return web.bytes(generate_latest(registry), content_type=media_type)
+
+    @app.page("/healthz")  # type: ignore[misc]
+    async def health_page(web: Any, request: Any) -> Any:
+        return web.json({"status": "ok"})
+
+    @app.page("/sql")  # type: ignore[misc]
+    class SqlView(faust.web.View):  # type: ignore[misc]
+        """Read-only SQL against the ClickHouse data this worker owns."""
+
+        async def post(self, request: Any) -> Any:
+            sql = (await request.text()).strip()
+            if not sql:
+                return self.json({"error": "empty query"}, status=400)
+            try:
+                result = await store.run(store.query, sql, readonly=True)
+            except Exception as exc:
+                return self.json({"error": str(exc)[:2000]}, status=400)
+            body = json.dumps({"columns": result.columns, "rows": result.rows}, default=str)
+            return self.bytes(body.encode(), content_type="application/json")

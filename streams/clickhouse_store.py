@@ -1,0 +1,122 @@
+"""One ClickHouse code path for the embedded engine (chDB) and a server.
+
+``open_store(url=None, data_dir=...)`` gives the embedded engine in-process
+(it locks ``data_dir``: one owning process); with a URL it talks HTTP to a
+server. Every call goes through one thread, so the asyncio loop never blocks
+on ClickHouse and chDB is never entered concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from string import Template
+from typing import Any
+from urllib.parse import urlparse
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "infra" / "clickhouse" / "schema"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class StoreLockedError(RuntimeError):
+    """The embedded data directory is owned by another process (ask that one)."""
+
+
+class QueryResult:
+    """Column names and rows of one query."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.columns = list(columns)
+        self.rows = [list(r) for r in rows]
+
+
+class ClickHouseStore:
+    """A ClickHouse client bound to one database, with its DDL applied."""
+
+    def __init__(self, client: Client, *, database: str, embedded: bool) -> None:
+        if not _IDENT.match(database):
+            raise ValueError(f"bad database name {database!r}")
+        self.client = client
+        self.database = database
+        self.embedded = embedded
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+
+    # -- schema -------------------------------------------------------------
+    def apply_schema(self, schema_dir: Path = SCHEMA_DIR) -> list[str]:
+        """Create the database and every table in ``schema_dir`` (idempotent)."""
+        self.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+        applied: list[str] = []
+        for path in sorted(schema_dir.glob("*.sql")):
+            text = Template(path.read_text()).substitute(database=self.database)
+            for statement in _statements(text):
+                self.command(statement)
+            applied.append(path.name)
+        return applied
+
+    # -- sync API (call from the store's thread or a CLI) -------------------
+    def command(self, sql: str) -> None:
+        with self._lock:
+            self.client.command(sql)
+
+    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
+        settings = {"readonly": 1} if readonly else {}
+        with self._lock:
+            result = self.client.query(sql, settings=settings)
+        return QueryResult(result.column_names, result.result_rows)
+
+    def insert(
+        self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *, token: str
+    ) -> None:
+        """Insert one batch; retrying with the same ``token`` adds nothing."""
+        settings = {"insert_deduplication_token": token, "async_insert": 0}
+        with self._lock:
+            self.client.insert(
+                f"{self.database}.{table}", rows, column_names=list(columns), settings=settings
+            )
+
+    # -- async wrappers ------------------------------------------------------
+    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            self.client.close()
+
+
+def _statements(text: str) -> list[str]:
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseStore:
+    """Open a server (``url``) or the embedded engine at ``data_dir``."""
+    if url:
+        parts = urlparse(url)
+        client = clickhouse_connect.get_client(
+            host=parts.hostname or "localhost",
+            port=parts.port or (8443 if parts.scheme == "https" else 8123),
+            username=parts.username or "default",
+            password=parts.password or "",
+            secure=parts.scheme == "https",
+        )
+        return ClickHouseStore(client, database=database, embedded=False)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
+    except Exception as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLockedError(
+                f"embedded ClickHouse at {data_dir} is owned by another process"
+            ) from exc
+        raise
+    return ClickHouseStore(client, database=database, embedded=True)
