@@ -22,15 +22,21 @@ from schemas.topics import TopicSpec
 class PublisherMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.published = Counter(
-            "fleetloop_agent_events_published_total", "Events acknowledged by the broker",
-            ["topic"], registry=registry,
+            "fleetloop_agent_events_published_total",
+            "Events acknowledged by the broker",
+            ["topic"],
+            registry=registry,
         )
         self.errors = Counter(
-            "fleetloop_agent_publish_errors_total", "Events the broker did not acknowledge",
-            ["topic"], registry=registry,
+            "fleetloop_agent_publish_errors_total",
+            "Events the broker did not acknowledge",
+            ["topic"],
+            registry=registry,
         )
         self.bytes = Counter(
-            "fleetloop_agent_published_bytes_total", "Payload bytes acknowledged", ["topic"],
+            "fleetloop_agent_published_bytes_total",
+            "Payload bytes acknowledged",
+            ["topic"],
             registry=registry,
         )
 
@@ -102,6 +108,7 @@ class KafkaPublisher:
                 self.metrics.published.labels(topic).inc()
                 self.metrics.bytes.labels(topic).inc(size)
         if failures:
-            raise RuntimeError(f"{len(failures)} of {len(pending)} events not acknowledged: "
-                               f"{failures[0]!r}")
+            raise RuntimeError(
+                f"{len(failures)} of {len(pending)} events not acknowledged: {failures[0]!r}"
+            )
         return len(pending)

@@ -58,13 +58,18 @@ PROFILES: dict[AcceleratorType, DeviceProfile] = {
     AcceleratorType.H100: DeviceProfile(700, 90, 80 * GIB, 1980, 2619, True, True, True, True),
     AcceleratorType.B200: DeviceProfile(1000, 140, 192 * GIB, 1965, 3996, True, True, True, True),
     AcceleratorType.A100: DeviceProfile(400, 55, 80 * GIB, 1410, 1593, True, True, True, True),
-    AcceleratorType.MI300X: DeviceProfile(750, 110, 192 * GIB, 2100, 1300, True, False, False, True),
+    AcceleratorType.MI300X: DeviceProfile(
+        750, 110, 192 * GIB, 2100, 1300, True, False, False, True
+    ),
     AcceleratorType.MTIA: DeviceProfile(90, 20, 64 * GIB, 1350, None, True, False, False, False),
     AcceleratorType.CPU: DeviceProfile(350, 80, None, 3500, None, False, False, False, False),
 }
 TYPE_MIX = (
-    AcceleratorType.H100, AcceleratorType.B200, AcceleratorType.A100,
-    AcceleratorType.MI300X, AcceleratorType.MTIA,
+    AcceleratorType.H100,
+    AcceleratorType.B200,
+    AcceleratorType.A100,
+    AcceleratorType.MI300X,
+    AcceleratorType.MTIA,
 )
 
 
@@ -158,10 +163,16 @@ class SimulatedFleetAgent:
             self._sbe[uuid_] = self._sbe.get(uuid_, 0) + (1 if rng.random() < 0.01 else 0)
         sbe = self._sbe.get(uuid_) if p.reports_ecc else None
         return AcceleratorTelemetry(
-            event_id=self._id(), observed_at=at,
-            node_id=node.node_id, device_uuid=uuid_, device_index=d,
-            accelerator_type=node.accelerator_type, region=node.region, pod_id=node.pod_id,
-            rack_id=node.rack_id, pdu_id=node.pdu_id,
+            event_id=self._id(),
+            observed_at=at,
+            node_id=node.node_id,
+            device_uuid=uuid_,
+            device_index=d,
+            accelerator_type=node.accelerator_type,
+            region=node.region,
+            pod_id=node.pod_id,
+            rack_id=node.rack_id,
+            pdu_id=node.pdu_id,
             gpu_temp_celsius=round(32.0 + 45.0 * util + rng.gauss(0.0, 0.5), 2),
             memory_temp_celsius=round(36.0 + 40.0 * util, 2) if p.reports_memory_temp else None,
             power_usage_watts=round(power, 1),
@@ -189,7 +200,9 @@ class SimulatedFleetAgent:
         if n % self.probe_every == 0:
             probes = tuple(
                 ProbeResult(
-                    probe=ProbeKind.GEMM, device_uuid=f"{node.node_id}-gpu{d}", passed=True,
+                    probe=ProbeKind.GEMM,
+                    device_uuid=f"{node.node_id}-gpu{d}",
+                    passed=True,
                     duration_s=0.25,
                     achieved_per_s=PROFILES[node.accelerator_type].power_limit_watts * 1e12,
                     expected_ratio=round(1.0 + self._rng.gauss(0.0, 0.01), 4),
@@ -197,9 +210,16 @@ class SimulatedFleetAgent:
                 for d in range(self.devices_per_node)
             )
         return NodeHealth(
-            event_id=self._id(), observed_at=at, node_id=node.node_id, region=node.region,
-            pod_id=node.pod_id, rack_id=node.rack_id, agent_version=AGENT_VERSION,
-            heartbeat_seq=n, uptime_s=3600.0 + n * self.interval_s, probes=probes,
+            event_id=self._id(),
+            observed_at=at,
+            node_id=node.node_id,
+            region=node.region,
+            pod_id=node.pod_id,
+            rack_id=node.rack_id,
+            agent_version=AGENT_VERSION,
+            heartbeat_seq=n,
+            uptime_s=3600.0 + n * self.interval_s,
+            probes=probes,
         )
 
     def _serving(self, node: Node, at: datetime, load: float) -> ServingMetrics:
@@ -207,33 +227,61 @@ class SimulatedFleetAgent:
         batch = max(1, int(32 * load))
         tpot = 0.012 + 0.02 * load + abs(rng.gauss(0.0, 0.001))
         return ServingMetrics(
-            event_id=self._id(), observed_at=at, replica_id=f"{node.node_id}/{node.model}",
-            node_id=node.node_id, model=node.model, pool=f"{node.model}/{node.accelerator_type}",
-            region=node.region, accelerator_type=node.accelerator_type,
-            interval_s=self.interval_s, tpot_p50_s=round(tpot, 5),
-            tpot_p95_s=round(tpot * 1.4, 5), ttft_p50_s=round(0.15 + 0.3 * load, 4),
-            ttft_p95_s=round(0.3 + 0.8 * load, 4), queue_depth=int(20 * load * load),
-            batch_size=batch, kv_cache_util_ratio=round(min(1.0, 0.2 + 0.7 * load), 4),
-            tokens_per_s=round(batch / tpot, 1), requests=int(50 * load),
+            event_id=self._id(),
+            observed_at=at,
+            replica_id=f"{node.node_id}/{node.model}",
+            node_id=node.node_id,
+            model=node.model,
+            pool=f"{node.model}/{node.accelerator_type}",
+            region=node.region,
+            accelerator_type=node.accelerator_type,
+            interval_s=self.interval_s,
+            tpot_p50_s=round(tpot, 5),
+            tpot_p95_s=round(tpot * 1.4, 5),
+            ttft_p50_s=round(0.15 + 0.3 * load, 4),
+            ttft_p95_s=round(0.3 + 0.8 * load, 4),
+            queue_depth=int(20 * load * load),
+            batch_size=batch,
+            kv_cache_util_ratio=round(min(1.0, 0.2 + 0.7 * load), 4),
+            tokens_per_s=round(batch / tpot, 1),
+            requests=int(50 * load),
             errors=1 if rng.random() < 0.01 else 0,
         )
 
     def _pdu(
-        self, rack_id: str, pdu_id: str, pod_id: str, region: str, at: datetime,
+        self,
+        rack_id: str,
+        pdu_id: str,
+        pod_id: str,
+        region: str,
+        at: datetime,
         rack_watts: dict[str, float],
     ) -> PduReading:
         watts = rack_watts.get(rack_id, 0.0) + 1200.0  # hosts, fans, switches
         return PduReading(
-            event_id=self._id(), observed_at=at, pdu_id=pdu_id, rack_id=rack_id, pod_id=pod_id,
-            region=region, phase=PduPhase.L1, power_watts=round(watts, 1),
-            capacity_watts=40_000.0, breaker_limit_watts=36_000.0,
-            voltage_volts=415.0, current_amperes=round(watts / 415.0, 2),
+            event_id=self._id(),
+            observed_at=at,
+            pdu_id=pdu_id,
+            rack_id=rack_id,
+            pod_id=pod_id,
+            region=region,
+            phase=PduPhase.L1,
+            power_watts=round(watts, 1),
+            capacity_watts=40_000.0,
+            breaker_limit_watts=36_000.0,
+            voltage_volts=415.0,
+            current_amperes=round(watts / 415.0, 2),
         )
 
     def _demand(self, model: str, region: str, at: datetime, load: float) -> Demand:
         requests = max(0, round(200 * load + self._rng.gauss(0.0, 5.0)))
         return Demand(
-            event_id=self._id(), observed_at=at, model=model, region=region,
-            interval_s=self.interval_s, requests=requests,
-            prompt_tokens=requests * 900, generated_tokens=requests * 180,
+            event_id=self._id(),
+            observed_at=at,
+            model=model,
+            region=region,
+            interval_s=self.interval_s,
+            requests=requests,
+            prompt_tokens=requests * 900,
+            generated_tokens=requests * 180,
         )

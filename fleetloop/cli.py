@@ -25,14 +25,18 @@ def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]
     """One ``--flag`` per settings field; unset flags fall through to env and defaults."""
     for name, field in cls.model_fields.items():
         parser.add_argument(
-            "--" + name.replace("_", "-"), dest=f"setting__{name}", default=argparse.SUPPRESS,
-            metavar=name.upper(), help=field.description or f"(default: {field.default})",
+            "--" + name.replace("_", "-"),
+            dest=f"setting__{name}",
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=field.description or f"(default: {field.default})",
         )
 
 
 def _settings(cls: type[S], args: argparse.Namespace) -> S:
-    given = {k.removeprefix("setting__"): v for k, v in vars(args).items()
-             if k.startswith("setting__")}
+    given = {
+        k.removeprefix("setting__"): v for k, v in vars(args).items() if k.startswith("setting__")
+    }
     overrides = {k: v for k, v in given.items() if k in cls.model_fields}
     try:
         return cls(**overrides)
@@ -91,10 +95,13 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     settings = _settings(AgentSettings, args)
     registry = CollectorRegistry()
     if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port, addr="127.0.0.1", registry=registry)
+        start_http_server(settings.metrics_port, addr=settings.metrics_bind, registry=registry)
     agent = SimulatedFleetAgent(
-        nodes=settings.nodes, devices_per_node=settings.devices_per_node, seed=settings.seed,
-        start=datetime.now(UTC), interval_s=settings.interval_s,
+        nodes=settings.nodes,
+        devices_per_node=settings.devices_per_node,
+        seed=settings.seed,
+        start=datetime.now(UTC),
+        interval_s=settings.interval_s,
     )
 
     async def main() -> int:
@@ -102,7 +109,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             settings.kafka_bootstrap, topic_prefix=settings.topic_prefix, registry=registry
         ) as publisher:
             return await run_agent(
-                agent, publisher, ticks=settings.ticks, interval_s=settings.interval_s,
+                agent,
+                publisher,
+                ticks=settings.ticks,
+                interval_s=settings.interval_s,
                 on_tick=lambda n, sent: logging.info("tick %d: %d events acknowledged", n, sent),
             )
 
@@ -137,7 +147,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from fleetloop.demo import run_demo
 
     return run_demo(
-        _settings(BrokerSettings, args), _settings(AgentSettings, args),
+        _settings(BrokerSettings, args),
+        _settings(AgentSettings, args),
         keep_running=args.keep_running,
     )
 
@@ -181,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep-running", action="store_true", help="leave broker and worker up")
     _add_settings_flags(demo, AgentSettings)
     for name in ("broker_dir", "jar_dir", "port", "controller_port"):
-        demo.add_argument("--" + name.replace("_", "-"), dest=f"setting__{name}",
-                          default=argparse.SUPPRESS)
+        demo.add_argument(
+            "--" + name.replace("_", "-"), dest=f"setting__{name}", default=argparse.SUPPRESS
+        )
     demo.set_defaults(func=_cmd_demo)
     return parser
 

@@ -85,25 +85,45 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
     log_path = Path("var/worker.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "fleetloop", "worker", "--web-port", web_port,
-         "--clickhouse-dir", str(agent.clickhouse_dir), "--worker-dir", "var/worker",
-         "--topic-prefix", agent.topic_prefix],
-        env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "fleetloop",
+            "worker",
+            "--web-port",
+            web_port,
+            "--clickhouse-dir",
+            str(agent.clickhouse_dir),
+            "--worker-dir",
+            "var/worker",
+            "--topic-prefix",
+            agent.topic_prefix,
+        ],
+        env=env,
+        stdout=log_path.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
     print(f"[demo] worker starting (log: {log_path})")
     try:
         _wait_http(agent.query_url + "/healthz", worker, timeout_s=90)
         print(f"[demo] worker up; metrics at {agent.query_url}/metrics")
         fleet = SimulatedFleetAgent(
-            nodes=agent.nodes, devices_per_node=agent.devices_per_node, seed=agent.seed,
-            start=datetime.now(UTC), interval_s=agent.interval_s,
+            nodes=agent.nodes,
+            devices_per_node=agent.devices_per_node,
+            seed=agent.seed,
+            start=datetime.now(UTC),
+            interval_s=agent.interval_s,
         )
         ticks = agent.ticks or 15
 
         async def publish() -> int:
             async with KafkaPublisher(bootstrap, topic_prefix=agent.topic_prefix) as pub:
                 sent = await run_agent(
-                    fleet, pub, ticks=ticks, interval_s=agent.interval_s,
+                    fleet,
+                    pub,
+                    ticks=ticks,
+                    interval_s=agent.interval_s,
                     on_tick=lambda n, s: print(f"[demo] tick {n + 1}/{ticks}: {s} events acked"),
                 )
                 for topic, raw in MALFORMED:
@@ -127,9 +147,15 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
         print("\n[demo] fleet by accelerator type:")
         print(format_table(run_query(agent, FLEET_SQL.format(db=db))))
         print("\n[demo] dead letters:")
-        print(format_table(run_query(
-            agent, f"SELECT source_topic, source_offset, error_kind, error FROM {db}.dead_letters "
-                   "ORDER BY received_at DESC LIMIT 5")))
+        print(
+            format_table(
+                run_query(
+                    agent,
+                    f"SELECT source_topic, source_offset, error_kind, error FROM {db}.dead_letters "
+                    "ORDER BY received_at DESC LIMIT 5",
+                )
+            )
+        )
         if keep_running:
             print(f"\n[demo] left running: try  fleetloop sql 'SELECT count() FROM {db}.demand'")
             worker.wait()

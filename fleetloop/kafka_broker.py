@@ -41,7 +41,9 @@ class BrokerStatus:
     bootstrap: str
 
     def describe(self) -> str:
-        state = "up" if self.running and self.reachable else ("starting" if self.running else "down")
+        state = (
+            "up" if self.running and self.reachable else ("starting" if self.running else "down")
+        )
         return f"kafka {state}: bootstrap={self.bootstrap} pid={self.pid or '-'}"
 
 
@@ -77,13 +79,20 @@ class LocalKafkaBroker:
             raise BrokerError(f"maven ({self.settings.mvn!r}) not found; install maven and Java 17")
         self.libs_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            self.settings.mvn, "-q", "-B", "-f", str(KAFKA_INFRA / "pom.xml"),
-            "dependency:copy-dependencies", "-DincludeScope=runtime",
+            self.settings.mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(KAFKA_INFRA / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
             f"-DoutputDirectory={self.libs_dir.resolve()}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise BrokerError(f"resolving Kafka {self.version} jars failed:\n{proc.stdout}{proc.stderr}")
+            raise BrokerError(
+                f"resolving Kafka {self.version} jars failed:\n{proc.stdout}{proc.stderr}"
+            )
         marker.write_text(self.version + "\n")
         return self.libs_dir
 
@@ -103,11 +112,16 @@ class LocalKafkaBroker:
 
     def _java(self, main: str, *args: str) -> list[str]:
         return [
-            self.settings.java, *self.settings.heap.split(),
-            "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            self.settings.java,
+            *self.settings.heap.split(),
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{(KAFKA_INFRA / 'log4j.properties').resolve()}",
             f"-Dkafka.logs.dir={self.log_dir.resolve()}",
-            "-cp", f"{self.libs_dir.resolve()}/*", main, *args,
+            "-cp",
+            f"{self.libs_dir.resolve()}/*",
+            main,
+            *args,
         ]
 
     def _format(self, config: Path) -> None:
@@ -116,7 +130,9 @@ class LocalKafkaBroker:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         proc = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise BrokerError(f"formatting broker storage failed:\n{proc.stdout}{proc.stderr}")
@@ -147,7 +163,9 @@ class LocalKafkaBroker:
         out = (self.log_dir / "stdout.log").open("ab")
         proc = subprocess.Popen(
             self._java("kafka.Kafka", str(config)),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         self.pid_file.write_text(f"{proc.pid}\n")
@@ -217,7 +235,9 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 async def metadata_ok(bootstrap: str, *, timeout_s: float) -> None:
     """Raise unless a metadata request to ``bootstrap`` succeeds."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
+    )
     await asyncio.wait_for(admin.start(), timeout_s)
     try:
         await asyncio.wait_for(admin.describe_cluster(), timeout_s)

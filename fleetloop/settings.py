@@ -66,6 +66,7 @@ class AgentSettings(ConnectionSettings):
     ticks: int | None = Field(None, ge=1, description="stop after this many ticks")
     seed: int = 7
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
+    metrics_bind: str = Field("127.0.0.1", description="address the metrics port binds")
 
 
 class WorkerSettings(ConnectionSettings):
@@ -74,6 +75,8 @@ class WorkerSettings(ConnectionSettings):
     app_id: str = "fleetloop"
     worker_dir: Path = Field(Path("var/worker"), description="faust data dir of this worker")
     web_port: int = Field(6066, ge=1, le=65535, description="metrics, health and /sql")
+    web_bind: str = Field("127.0.0.1", description="address the web port binds")
+    commit_interval_s: float = Field(2.8, gt=0, description="Kafka offset commit interval")
     batch_max: int = Field(10_000, ge=1, description="rows per ClickHouse insert at most")
     batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)

@@ -7,12 +7,15 @@ port); when no worker is listening, the CLI opens the directory itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
 
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
 from fleetloop.settings import ConnectionSettings
-from streams.clickhouse_store import QueryResult, StoreLockedError, open_store
+from streams.clickhouse_store import ClickHouseStore, QueryResult, StoreLockedError, open_store
 
 
 class QueryError(RuntimeError):
@@ -21,7 +24,9 @@ class QueryError(RuntimeError):
 
 def _via_owner(url: str, sql: str, timeout_s: float) -> QueryResult:
     request = urllib.request.Request(
-        url.rstrip("/") + "/sql", data=sql.encode(), method="POST",
+        url.rstrip("/") + "/sql",
+        data=sql.encode(),
+        method="POST",
         headers={"Content-Type": "text/plain"},
     )
     try:
@@ -29,10 +34,8 @@ def _via_owner(url: str, sql: str, timeout_s: float) -> QueryResult:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        try:
+        with contextlib.suppress(ValueError, KeyError):
             detail = json.loads(detail)["error"]
-        except (ValueError, KeyError):
-            pass
         raise QueryError(detail) from None
     return QueryResult(body["columns"], body["rows"])
 
@@ -41,13 +44,11 @@ def run_query(settings: ConnectionSettings, sql: str, *, timeout_s: float = 30.0
     """Run ``sql`` wherever the data lives."""
     if settings.clickhouse_url:
         store = open_store(
-            url=settings.clickhouse_url, data_dir=settings.clickhouse_dir,
+            url=settings.clickhouse_url,
+            data_dir=settings.clickhouse_dir,
             database=settings.clickhouse_database,
         )
-        try:
-            return store.query(sql)
-        finally:
-            store.close()
+        return _query_and_close(store, sql)
     try:
         return _via_owner(settings.query_url, sql, timeout_s)
     except urllib.error.URLError as exc:
@@ -61,18 +62,26 @@ def run_query(settings: ConnectionSettings, sql: str, *, timeout_s: float = 30.0
         raise QueryError(
             f"{exc}, and nothing answers at {settings.query_url}; point --query-url at it"
         ) from None
+    return _query_and_close(store, sql)
+
+
+def _query_and_close(store: ClickHouseStore, sql: str) -> QueryResult:
     try:
         return store.query(sql)
+    except ClickHouseError as exc:
+        raise QueryError(str(exc)) from None
     finally:
         store.close()
 
 
 def format_table(result: QueryResult) -> str:
     """Aligned plain-text table."""
-    cells = [[str(c) for c in result.columns]] + [["" if v is None else str(v) for v in r]
-                                                  for r in result.rows]
+    cells = [[str(c) for c in result.columns]] + [
+        ["" if v is None else str(v) for v in r] for r in result.rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(result.columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-             for row in cells]
+    lines = [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

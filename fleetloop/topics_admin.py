@@ -9,7 +9,10 @@ from schemas.topics import ALL_TOPICS, TopicSpec
 
 
 async def ensure_topics(
-    bootstrap: str, *, prefix: str = "", specs: tuple[TopicSpec, ...] = ALL_TOPICS,
+    bootstrap: str,
+    *,
+    prefix: str = "",
+    specs: tuple[TopicSpec, ...] = ALL_TOPICS,
     replication_factor: int = 1,
 ) -> list[str]:
     """Create every topic in ``specs`` that does not exist yet; return the names created."""

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     """Run one stream worker until SIGTERM/SIGINT."""
     store = open_store(
-        url=settings.clickhouse_url, data_dir=settings.clickhouse_dir,
+        url=settings.clickhouse_url,
+        data_dir=settings.clickhouse_dir,
         database=settings.clickhouse_database,
     )
     store.apply_schema()
@@ -28,6 +29,8 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         bootstrap=settings.kafka_bootstrap,
         worker_dir=settings.worker_dir,
         web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        commit_interval_s=settings.commit_interval_s,
         topic_prefix=settings.topic_prefix,
         batch_max=settings.batch_max,
         batch_within_s=settings.batch_within_s,

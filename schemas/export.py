@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter
 from schemas.topics import ALL_TOPICS
 
@@ -14,7 +15,7 @@ EXTRA_TYPES = (CommandResult, DeadLetter)
 def export_json_schemas(directory: Path) -> list[Path]:
     """Write ``<Type>.v<version>.schema.json`` for every value type in the registry."""
     directory.mkdir(parents=True, exist_ok=True)
-    types = {spec.value_type for spec in ALL_TOPICS} | set(EXTRA_TYPES)
+    types: set[type[Contract]] = {spec.value_type for spec in ALL_TOPICS} | set(EXTRA_TYPES)
     written: list[Path] = []
     for value_type in sorted(types, key=lambda t: t.__name__):
         schema = value_type.model_json_schema()

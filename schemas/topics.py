@@ -53,40 +53,85 @@ class TopicSpec:
 
 
 ACCELERATOR = TopicSpec(
-    "telemetry.accelerator.v1", TopicKind.TELEMETRY, AcceleratorTelemetry, ("node_id",),
-    partitions=12, retention_ms=3 * DAY_MS, table="accelerator_telemetry",
+    "telemetry.accelerator.v1",
+    TopicKind.TELEMETRY,
+    AcceleratorTelemetry,
+    ("node_id",),
+    partitions=12,
+    retention_ms=3 * DAY_MS,
+    table="accelerator_telemetry",
 )
 NODE_HEALTH = TopicSpec(
-    "telemetry.node_health.v1", TopicKind.TELEMETRY, NodeHealth, ("node_id",),
-    partitions=12, retention_ms=3 * DAY_MS, table="node_health",
+    "telemetry.node_health.v1",
+    TopicKind.TELEMETRY,
+    NodeHealth,
+    ("node_id",),
+    partitions=12,
+    retention_ms=3 * DAY_MS,
+    table="node_health",
 )
 PDU = TopicSpec(
-    "telemetry.pdu.v1", TopicKind.TELEMETRY, PduReading, ("pdu_id",),
-    partitions=4, retention_ms=7 * DAY_MS, table="pdu_readings",
+    "telemetry.pdu.v1",
+    TopicKind.TELEMETRY,
+    PduReading,
+    ("pdu_id",),
+    partitions=4,
+    retention_ms=7 * DAY_MS,
+    table="pdu_readings",
 )
 SERVING = TopicSpec(
-    "telemetry.serving.v1", TopicKind.TELEMETRY, ServingMetrics, ("node_id",),
-    partitions=12, retention_ms=3 * DAY_MS, table="serving_metrics",
+    "telemetry.serving.v1",
+    TopicKind.TELEMETRY,
+    ServingMetrics,
+    ("node_id",),
+    partitions=12,
+    retention_ms=3 * DAY_MS,
+    table="serving_metrics",
 )
 DEMAND = TopicSpec(
-    "telemetry.demand.v1", TopicKind.TELEMETRY, Demand, ("model", "region"),
-    partitions=4, retention_ms=14 * DAY_MS, table="demand",
+    "telemetry.demand.v1",
+    TopicKind.TELEMETRY,
+    Demand,
+    ("model", "region"),
+    partitions=4,
+    retention_ms=14 * DAY_MS,
+    table="demand",
 )
 ROUTE_COMMANDS = TopicSpec(
-    "commands.route.v1", TopicKind.COMMAND, RouteCommand, ("target",),
-    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+    "commands.route.v1",
+    TopicKind.COMMAND,
+    RouteCommand,
+    ("target",),
+    partitions=4,
+    retention_ms=7 * DAY_MS,
+    table="commands",
 )
 THROTTLE_COMMANDS = TopicSpec(
-    "commands.throttle.v1", TopicKind.COMMAND, ThrottleCommand, ("target",),
-    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+    "commands.throttle.v1",
+    TopicKind.COMMAND,
+    ThrottleCommand,
+    ("target",),
+    partitions=4,
+    retention_ms=7 * DAY_MS,
+    table="commands",
 )
 WARM_COMMANDS = TopicSpec(
-    "commands.warm.v1", TopicKind.COMMAND, WarmCommand, ("model",),
-    partitions=4, retention_ms=7 * DAY_MS, table="commands",
+    "commands.warm.v1",
+    TopicKind.COMMAND,
+    WarmCommand,
+    ("model",),
+    partitions=4,
+    retention_ms=7 * DAY_MS,
+    table="commands",
 )
 COMMAND_RESULTS = TopicSpec(
-    "commands.results.v1", TopicKind.RESULT, CommandResult, ("command_id",),
-    partitions=4, retention_ms=30 * DAY_MS, table="command_results",
+    "commands.results.v1",
+    TopicKind.RESULT,
+    CommandResult,
+    ("command_id",),
+    partitions=4,
+    retention_ms=30 * DAY_MS,
+    table="command_results",
 )
 
 TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND)
@@ -96,8 +141,13 @@ COMMAND_TOPICS: tuple[TopicSpec, ...] = (ROUTE_COMMANDS, THROTTLE_COMMANDS, WARM
 def dead_letter_topic(source: TopicSpec) -> TopicSpec:
     """The dead letter twin of ``source``; keyed like it, kept longer."""
     return TopicSpec(
-        source.dlq_name, TopicKind.DEAD_LETTER, DeadLetter, ("source_key",),
-        partitions=1, retention_ms=30 * DAY_MS, table="dead_letters",
+        source.dlq_name,
+        TopicKind.DEAD_LETTER,
+        DeadLetter,
+        ("source_key",),
+        partitions=1,
+        retention_ms=30 * DAY_MS,
+        table="dead_letters",
     )
 
 

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -36,6 +36,8 @@ class WorkerConfig:
     bootstrap: str
     worker_dir: Path
     web_port: int
+    web_bind: str = "127.0.0.1"
+    commit_interval_s: float = 2.8
     topic_prefix: str = ""
     batch_max: int = 10_000
     batch_within_s: float = 1.0
@@ -45,16 +47,22 @@ class WorkerConfig:
 class IngestMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.events = Counter(
-            "fleetloop_ingest_events_total", "Messages consumed by ingest, by outcome",
-            ["topic", "outcome"], registry=registry,
+            "fleetloop_ingest_events_total",
+            "Messages consumed by ingest, by outcome",
+            ["topic", "outcome"],
+            registry=registry,
         )
         self.dead_letters = Counter(
-            "fleetloop_dead_letters_total", "Messages sent to a dead letter topic",
-            ["topic", "error_kind"], registry=registry,
+            "fleetloop_dead_letters_total",
+            "Messages sent to a dead letter topic",
+            ["topic", "error_kind"],
+            registry=registry,
         )
         self.errors = Counter(
-            "fleetloop_processing_errors_total", "Batches that failed in a processor",
-            ["processor"], registry=registry,
+            "fleetloop_processing_errors_total",
+            "Batches that failed in a processor",
+            ["processor"],
+            registry=registry,
         )
 
 
@@ -71,8 +79,9 @@ def create_app(
         value_serializer="raw",
         key_serializer="raw",
         web_port=config.web_port,
-        web_bind="127.0.0.1",
+        web_bind=config.web_bind,
         web_host="127.0.0.1",
+        broker_commit_interval=config.commit_interval_s,
         broker_session_timeout=config.session_timeout_s,
         broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
         consumer_auto_offset_reset="earliest",
@@ -83,9 +92,11 @@ def create_app(
     sink = ClickHouseSink(store, registry=registry)
     metrics = IngestMetrics(registry)
 
-    @app.on_partitions_revoked.connect  # type: ignore[misc]
-    async def _moved(_app: faust.App, revoked: set[Any], **_: Any) -> None:
+    async def _moved(sender: Any, revoked: set[Any], **_: Any) -> None:
+        # Another worker may write these partitions now: reload their marks if they return.
         sink.marks.forget((tp.topic, tp.partition) for tp in revoked)
+
+    cast(Any, app.on_partitions_revoked).connect(_moved)
 
     for spec in TELEMETRY_TOPICS:
         _add_ingest(app, config, spec, sink, metrics)
@@ -108,7 +119,8 @@ def _add_ingest(
             messages = [
                 RawMessage(
                     Coordinates(e.message.topic, e.message.partition, e.message.offset),
-                    e.message.key, e.message.value,
+                    e.message.key,
+                    e.message.value,
                 )
                 for e in events
             ]
@@ -128,18 +140,18 @@ def _add_ingest(
 
 
 def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegistry) -> None:
-    @app.page("/metrics")  # type: ignore[misc]
+    @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         # aiohttp wants the charset apart from the media type
         media_type = CONTENT_TYPE_LATEST.split("; charset=")[0]
         return web.bytes(generate_latest(registry), content_type=media_type)
 
-    @app.page("/healthz")  # type: ignore[misc]
+    @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
         return web.json({"status": "ok"})
 
-    @app.page("/sql")  # type: ignore[misc]
-    class SqlView(faust.web.View):  # type: ignore[misc]
+    @app.page("/sql")
+    class SqlView(faust.web.View):
         """Read-only SQL against the ClickHouse data this worker owns."""
 
         async def post(self, request: Any) -> Any:

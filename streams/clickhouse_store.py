@@ -9,6 +9,7 @@ on ClickHouse and chDB is never entered concurrently.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import re
 import threading
 from collections.abc import Sequence
@@ -40,12 +41,13 @@ class QueryResult:
 class ClickHouseStore:
     """A ClickHouse client bound to one database, with its DDL applied."""
 
-    def __init__(self, client: Client, *, database: str, embedded: bool) -> None:
+    def __init__(self, client: Client, *, database: str, data_dir: Path | None = None) -> None:
         if not _IDENT.match(database):
             raise ValueError(f"bad database name {database!r}")
         self.client = client
         self.database = database
-        self.embedded = embedded
+        self.data_dir = data_dir
+        self.embedded = data_dir is not None
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 
@@ -98,6 +100,20 @@ def _statements(text: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+def _locked_by_another_process(data_dir: Path) -> bool:
+    """ClickHouse holds an exclusive flock on ``<data_dir>/status`` while it runs."""
+    status = data_dir / "status"
+    if not status.exists():
+        return False
+    with status.open("rb") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
 def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseStore:
     """Open a server (``url``) or the embedded engine at ``data_dir``."""
     if url:
@@ -109,14 +125,9 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
             password=parts.password or "",
             secure=parts.scheme == "https",
         )
-        return ClickHouseStore(client, database=database, embedded=False)
+        return ClickHouseStore(client, database=database)
     data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
-    except Exception as exc:
-        if "lock" in str(exc).lower():
-            raise StoreLockedError(
-                f"embedded ClickHouse at {data_dir} is owned by another process"
-            ) from exc
-        raise
-    return ClickHouseStore(client, database=database, embedded=True)
+    if _locked_by_another_process(data_dir):
+        raise StoreLockedError(f"embedded ClickHouse at {data_dir} is owned by another process")
+    client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
+    return ClickHouseStore(client, database=database, data_dir=data_dir)

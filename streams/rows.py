@@ -90,11 +90,18 @@ def _dead_letter_row(value: DeadLetter, at: Coordinates, ingested_at: datetime) 
 DEAD_LETTERS = TableLayout(
     "dead_letters",
     (
-        "received_at", "source_topic", "source_partition", "source_offset", "source_key",
-        "error_kind", "error", "raw", "ingested_at",
+        "received_at",
+        "source_topic",
+        "source_partition",
+        "source_offset",
+        "source_key",
+        "error_kind",
+        "error",
+        "raw",
+        "ingested_at",
     ),
     ("source_topic", "source_partition", "source_offset"),
-    _dead_letter_row,  # type: ignore[arg-type]
+    _dead_letter_row,
 )
 
 LAYOUTS: dict[type[Contract], TableLayout] = {

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -28,6 +28,7 @@ from streams.clickhouse_store import ClickHouseStore
 from streams.rows import LAYOUTS, Coordinates, TableLayout
 
 Record = tuple[Contract, Coordinates]
+R = TypeVar("R", bound=tuple[Contract, Coordinates])
 PartitionKey = tuple[str, str, int]  # table, topic, partition
 
 
@@ -40,12 +41,9 @@ class Watermarks:
     def missing(self, keys: Iterable[PartitionKey]) -> set[PartitionKey]:
         return {k for k in keys if k not in self.marks}
 
-    def fresh(self, table: str, records: Sequence[Record]) -> list[Record]:
+    def fresh(self, table: str, records: Sequence[R]) -> list[R]:
         """Records above the watermark of their partition, in input order."""
-        return [
-            r for r in records
-            if r[1].offset > self.marks[(table, r[1].topic, r[1].partition)]
-        ]
+        return [r for r in records if r[1].offset > self.marks[(table, r[1].topic, r[1].partition)]]
 
     def advance(self, table: str, records: Sequence[Record]) -> None:
         for _, at in records:
@@ -67,7 +65,9 @@ def batch_token(table: str, records: Sequence[Record]) -> str:
         lo_hi = ranges.setdefault((at.topic, at.partition), [at.offset, at.offset])
         lo_hi[0] = min(lo_hi[0], at.offset)
         lo_hi[1] = max(lo_hi[1], at.offset)
-    text = table + ";" + ";".join(f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items()))
+    text = (
+        table + ";" + ";".join(f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items()))
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -79,11 +79,15 @@ class SinkMetrics:
         self.replayed = Counter(
             "fleetloop_sink_replayed_rows_total",
             "Rows dropped because ClickHouse already held them (replay after crash or rebalance)",
-            ["table"], registry=registry,
+            ["table"],
+            registry=registry,
         )
         self.insert_seconds = Histogram(
-            "fleetloop_sink_insert_seconds", "Time per ClickHouse insert", ["table"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry,
+            "fleetloop_sink_insert_seconds",
+            "Time per ClickHouse insert",
+            ["table"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
         )
         self.retries = Counter(
             "fleetloop_sink_retries_total", "Insert retries", ["table"], registry=registry
@@ -122,15 +126,15 @@ class ClickHouseSink:
         for key in keys:
             self.marks.marks[key] = found.get(key, -1)
 
-    async def unseen(self, records: Sequence[Record]) -> list[Record]:
+    async def unseen(self, records: Sequence[R]) -> list[R]:
         """The records ClickHouse does not hold yet (all of one value type or mixed)."""
-        by_layout: dict[str, list[Record]] = defaultdict(list)
+        by_layout: dict[str, list[R]] = defaultdict(list)
         layouts: dict[str, TableLayout] = {}
         for rec in records:
             layout = LAYOUTS[type(rec[0])]
             layouts[layout.table] = layout
             by_layout[layout.table].append(rec)
-        out: list[Record] = []
+        out: list[R] = []
         for table, recs in by_layout.items():
             keys = {(table, at.topic, at.partition) for _, at in recs}
             await self._load_marks(layouts[table], self.marks.missing(keys))
@@ -159,7 +163,9 @@ class ClickHouseSink:
         for attempt in range(1, self.max_attempts + 1):
             started = time.perf_counter()
             try:
-                await self.store.run(self.store.insert, layout.table, rows, layout.columns, token=token)
+                await self.store.run(
+                    self.store.insert, layout.table, rows, layout.columns, token=token
+                )
                 self.metrics.insert_seconds.labels(layout.table).observe(
                     time.perf_counter() - started
                 )

@@ -7,8 +7,8 @@
 
 CREATE TABLE IF NOT EXISTS ${database}.accelerator_telemetry
 (
-    observed_at DateTime64(3, 'UTC'),
     event_id UUID,
+    observed_at DateTime64(3, 'UTC'),
     node_id String,
     device_uuid String,
     device_index UInt16,
@@ -50,8 +50,8 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.node_health
 (
-    observed_at DateTime64(3, 'UTC'),
     event_id UUID,
+    observed_at DateTime64(3, 'UTC'),
     node_id String,
     region LowCardinality(String),
     pod_id LowCardinality(String),
@@ -78,8 +78,8 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.pdu_readings
 (
-    observed_at DateTime64(3, 'UTC'),
     event_id UUID,
+    observed_at DateTime64(3, 'UTC'),
     pdu_id LowCardinality(String),
     rack_id LowCardinality(String),
     pod_id LowCardinality(String),
@@ -103,8 +103,8 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.serving_metrics
 (
-    observed_at DateTime64(3, 'UTC'),
     event_id UUID,
+    observed_at DateTime64(3, 'UTC'),
     replica_id String,
     node_id String,
     model LowCardinality(String),
@@ -135,8 +135,8 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.demand
 (
-    observed_at DateTime64(3, 'UTC'),
     event_id UUID,
+    observed_at DateTime64(3, 'UTC'),
     model LowCardinality(String),
     region LowCardinality(String),
     interval_s Float64,

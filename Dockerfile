@@ -1,0 +1,14 @@
+# The fleetloop image: every deployable (agent, worker, CLI) from one wheel.
+FROM python:3.11.11-slim-bookworm
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY schemas ./schemas
+COPY controllers ./controllers
+COPY agents ./agents
+COPY streams ./streams
+COPY fleetloop ./fleetloop
+COPY infra ./infra
+RUN pip install --no-compile . && useradd --create-home fleetloop
+USER fleetloop
+ENTRYPOINT ["fleetloop"]

@@ -1,0 +1,74 @@
+"""Small builders of valid contracts and malformed payloads for tests."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from agents.simulated import SimulatedFleetAgent
+from schemas.base import Contract
+from schemas.codec import encode
+from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+
+START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def fleet_events(
+    count: int, *, nodes: int = 20, seed: int = 11
+) -> list[tuple[TopicSpec, Contract]]:
+    """Exactly ``count`` events from the simulated fleet, all five families included."""
+    agent = SimulatedFleetAgent(nodes=nodes, devices_per_node=8, seed=seed, start=START)
+    out: list[tuple[TopicSpec, Contract]] = []
+    n = 0
+    while len(out) < count:
+        out.extend(agent.tick(n))
+        n += 1
+    return out[:count]
+
+
+def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
+    """``count`` bad messages spread over the telemetry topics, with the expected error kind."""
+    valid = {spec.name: json.loads(encode(v)) for spec, v in fleet_events(300)}
+    kinds: list[tuple[str, object]] = [
+        ("bad_json", b"{not json"),
+        ("bad_json", b"\xff\xfe\x00garbage"),
+        ("not_an_object", b"[1, 2, 3]"),
+        ("unknown_version", "version"),
+        ("non_finite", "nan"),
+        ("non_finite", "inf"),
+        ("schema", "missing"),
+        ("schema", "negative"),
+    ]
+    out: list[tuple[TopicSpec, bytes, str]] = []
+    for i in range(count):
+        spec = TELEMETRY_TOPICS[i % len(TELEMETRY_TOPICS)]
+        kind, how = kinds[i % len(kinds)]
+        doc = dict(valid[spec.name])
+        doc["event_id"] = str(uuid.UUID(int=i + 1))
+        if isinstance(how, bytes):
+            raw = how
+        elif how == "version":
+            doc["schema_version"] = 2
+            raw = json.dumps(doc).encode()
+        elif how in ("nan", "inf"):
+            field = next(k for k, v in doc.items() if isinstance(v, float))
+            doc[field] = float("nan") if how == "nan" else float("inf")
+            raw = json.dumps(doc).encode()  # json.dumps writes NaN / Infinity tokens
+        elif how == "missing":
+            doc.pop("observed_at")
+            raw = json.dumps(doc).encode()
+        else:
+            field = next(
+                k
+                for k, v in doc.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and k != "schema_version"
+            )
+            doc[field] = -5
+            raw = json.dumps(doc).encode()
+        out.append((spec, raw, kind))
+    return out
+
+
+def later(seconds: float) -> datetime:
+    return START + timedelta(seconds=seconds)

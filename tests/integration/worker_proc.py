@@ -1,0 +1,104 @@
+"""A stream worker in its own process, as it runs in production (so it can be SIGKILLed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fleetloop.settings import REPO_ROOT
+
+
+class WorkerProcess:
+    def __init__(
+        self, *, bootstrap: str, prefix: str, home: Path, web_port: int, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.url = f"http://127.0.0.1:{web_port}"
+        self.log_path = home / "worker.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "fleetloop",
+            "worker",
+            "--kafka-bootstrap",
+            bootstrap,
+            "--topic-prefix",
+            prefix,
+            "--app-id",
+            prefix.rstrip("."),
+            "--worker-dir",
+            str(home / "faust"),
+            "--clickhouse-dir",
+            str(home / "clickhouse"),
+            "--web-port",
+            str(web_port),
+            "--session-timeout-s",
+            "6",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 90.0) -> WorkerProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("KAFKA_BOOTSTRAP", None)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                env=env,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.get("/healthz")
+                return self
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"worker did not come up:\n{self.log_tail()}")
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return bytes(response.read())
+
+    def sql(self, query: str) -> list[list[Any]]:
+        request = urllib.request.Request(self.url + "/sql", data=query.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return list(json.loads(response.read())["rows"])
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in self.get("/metrics").decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetloop.cli import _settings, build_parser, main
+from fleetloop.settings import WorkerSettings
+
+
+def test_flags_override_env_and_env_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "broker-a:9092")
+    monkeypatch.setenv("FLEETLOOP_BATCH_MAX", "123")
+    args = build_parser().parse_args(["worker", "--web-port", "7000"])
+    settings = _settings(WorkerSettings, args)
+    assert settings.kafka_bootstrap == "broker-a:9092"
+    assert settings.batch_max == 123 and settings.web_port == 7000
+    args = build_parser().parse_args(["worker", "--kafka-bootstrap", "broker-b:9092"])
+    assert _settings(WorkerSettings, args).kafka_bootstrap == "broker-b:9092"
+
+
+def test_bad_settings_exit_with_a_clear_message() -> None:
+    args = build_parser().parse_args(["worker", "--web-port", "not-a-port"])
+    with pytest.raises(SystemExit, match="web_port"):
+        _settings(WorkerSettings, args)
+
+
+def test_schemas_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schemas", "export", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "WarmCommand.v1.schema.json" in files and len(files) >= 10
+    assert json.loads((tmp_path / "RouteCommand.v1.schema.json").read_text())["type"] == "object"
+
+
+def test_sql_opens_the_embedded_store_when_no_owner_answers(tmp_path: Path) -> None:
+    # A fresh process: chDB allows one data directory per process.
+    args = ["--clickhouse-dir", str(tmp_path / "ch"), "--query-url", "http://127.0.0.1:9"]
+    run = [sys.executable, "-m", "fleetloop", "sql", "--format", "json", *args]
+    out = subprocess.run(
+        [*run, "SELECT 41 + 1 AS answer"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"columns": ["answer"], "rows": [[42]]}
+    bad = subprocess.run(
+        [*run, "SELEC nonsense"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert bad.returncode != 0
+    assert "Syntax error" in bad.stderr or "SYNTAX_ERROR" in bad.stderr

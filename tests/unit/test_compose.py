@@ -1,0 +1,75 @@
+"""docker-compose.yml cannot run here (no Docker engine), so check its structure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+from fleetloop.cli import build_parser
+from fleetloop.settings import AgentSettings, ConnectionSettings, WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+OURS = {"topics": ConnectionSettings, "worker": WorkerSettings, "agent": AgentSettings}
+
+
+def _env_names(cls: type[BaseSettings]) -> set[str]:
+    names = set()
+    for name, field in cls.model_fields.items():
+        names.add("FLEETLOOP_" + name.upper())
+        alias = field.validation_alias
+        if alias is not None:
+            names.update(str(choice) for choice in getattr(alias, "choices", [alias]))
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_image_is_pinned(name: str) -> None:
+    image = SERVICES[name].get("image", "")
+    assert re.fullmatch(r"[\w./-]+:v?\d+(\.\d+)+[\w.-]*", image), f"{name}: {image!r} not pinned"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_long_running_service_is_health_checked(name: str) -> None:
+    service = SERVICES[name]
+    if service.get("labels", {}).get("io.fleetloop.role") == "job":
+        assert service.get("restart") == "no"
+        return
+    check = service.get("healthcheck", {})
+    assert check.get("test"), f"{name} has no healthcheck"
+
+
+@pytest.mark.parametrize("name", sorted(OURS))
+def test_our_services_use_settings_the_code_reads(name: str) -> None:
+    service = SERVICES[name]
+    env = service["environment"]
+    unknown = set(env) - _env_names(OURS[name])
+    assert unknown == set(), f"{name} sets variables no settings class reads: {unknown}"
+    assert env["KAFKA_BOOTSTRAP"] == "kafka:9092"
+    assert env["CLICKHOUSE_URL"].startswith("http://")
+    build_parser().parse_args([*service["command"]])  # a real subcommand
+
+
+def test_dependencies_exist_and_prometheus_scrapes_our_ports() -> None:
+    for name, service in SERVICES.items():
+        for dep in service.get("depends_on", {}):
+            assert dep in SERVICES, f"{name} depends on unknown {dep}"
+    prom = yaml.safe_load((ROOT / "infra/prometheus/prometheus.yml").read_text())
+    targets = {
+        t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]
+    }
+    assert f"worker:{SERVICES['worker']['environment']['FLEETLOOP_WEB_PORT']}" in targets
+    assert f"agent:{SERVICES['agent']['environment']['FLEETLOOP_METRICS_PORT']}" in targets
+    for setting in ("FLEETLOOP_WEB_BIND", "FLEETLOOP_METRICS_BIND"):
+        values = [
+            s["environment"].get(setting)
+            for s in SERVICES.values()
+            if isinstance(s.get("environment"), dict)
+        ]
+        assert "0.0.0.0" in values, f"{setting} must open the port to Prometheus"

@@ -1,0 +1,124 @@
+"""The sink against the real ClickHouse engine (embedded chDB, a temp data dir)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from prometheus_client import CollectorRegistry
+
+from schemas.base import Contract
+from schemas.topics import TELEMETRY_TOPICS
+from streams.clickhouse_store import ClickHouseStore
+from streams.ingest import RawMessage, split
+from streams.rows import LAYOUTS, Coordinates
+from streams.sink import ClickHouseSink, Watermarks, batch_token
+from tests.factories import START, fleet_events, malformed_payloads
+
+
+def _records(n: int, topic_prefix: str) -> list[tuple[Contract, Coordinates]]:
+    offsets: dict[str, int] = {}
+    out = []
+    for spec, value in fleet_events(n):
+        topic = topic_prefix + spec.name
+        offsets[topic] = offsets.get(topic, -1) + 1
+        out.append((value, Coordinates(topic, 0, offsets[topic])))
+    return out
+
+
+def _count(store: ClickHouseStore, table: str, prefix: str) -> int:
+    col = "source_topic" if table == "dead_letters" else "src_topic"
+    sql = f"SELECT count() FROM {store.database}.{table} WHERE startsWith({col}, '{prefix}')"
+    return int(store.query(sql).rows[0][0])
+
+
+def _total(store: ClickHouseStore, prefix: str) -> int:
+    return sum(_count(store, spec.table, prefix) for spec in TELEMETRY_TOPICS)
+
+
+def test_table_columns_match_the_ddl(store: ClickHouseStore) -> None:
+    for layout in LAYOUTS.values():
+        described = store.query(f"DESCRIBE TABLE {store.database}.{layout.table}")
+        assert tuple(row[0] for row in described.rows) == layout.columns, layout.table
+
+
+def test_write_is_idempotent_across_retries_and_restarts(store: ClickHouseStore) -> None:
+    records = _records(3000, "a.")
+    sink = ClickHouseSink(store, registry=CollectorRegistry())
+    assert asyncio.run(sink.write(records[:2000], now=START)) == 2000
+    assert asyncio.run(sink.write(records[:2000], now=START)) == 0  # same process, replay
+    restarted = ClickHouseSink(store, registry=CollectorRegistry())  # marks come from ClickHouse
+    assert asyncio.run(restarted.write(records, now=START)) == 1000
+    assert _total(store, "a.") == 3000
+    ids = store.query(
+        f"SELECT uniqExact(event_id) FROM {store.database}.accelerator_telemetry "
+        "WHERE startsWith(src_topic, 'a.')"
+    ).rows[0][0]
+    assert ids == _count(store, "accelerator_telemetry", "a.")
+
+
+def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> None:
+    records = [r for r in _records(400, "b.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
+    layout = LAYOUTS[type(records[0][0])]
+    rows = [layout.to_row(v, at, START) for v, at in records]
+    token = batch_token(layout.table, records)
+    store.insert(layout.table, rows, layout.columns, token=token)
+    store.insert(layout.table, rows, layout.columns, token=token)
+    assert _count(store, layout.table, "b.") == len(records)
+
+
+def test_dead_letters_have_their_own_watermarks(store: ClickHouseStore) -> None:
+    bad = malformed_payloads(10)
+    messages = [
+        RawMessage(Coordinates("c." + spec.name, 0, 50 + i), None, raw)
+        for i, (spec, raw, _) in enumerate(bad)
+    ]
+    letters = []
+    for spec in TELEMETRY_TOPICS:
+        mine = [m for m in messages if m.at.topic == "c." + spec.name]
+        letters.extend(split(mine, spec.value_type, now=START).dead)
+    sink = ClickHouseSink(store, registry=CollectorRegistry())
+    valid_later = [
+        (v, Coordinates("c." + s.name, 0, 900 + i)) for i, (s, v) in enumerate(fleet_events(5))
+    ]
+    asyncio.run(sink.write(valid_later, now=START))  # events table is ahead of dead letters
+    assert asyncio.run(sink.write(letters, now=START)) == 10
+    assert _count(store, "dead_letters", "c.") == 10
+    raw = store.query(
+        f"SELECT raw FROM {store.database}.dead_letters WHERE source_topic = "
+        f"'c.{bad[0][0].name}' ORDER BY source_offset LIMIT 1"
+    )
+    assert raw.rows
+
+
+def test_watermarks_forget_moved_partitions() -> None:
+    marks = Watermarks({("t", "x", 0): 10, ("t", "x", 1): 5, ("u", "x", 0): 3})
+    marks.forget([("x", 0)])
+    assert marks.marks == {("t", "x", 1): 5}
+
+
+def test_batch_token_depends_on_offsets_only_not_order() -> None:
+    recs = _records(50, "d.")
+    acc = [r for r in recs if r[1].topic.endswith("accelerator.v1")]
+    assert batch_token("t", acc) == batch_token("t", list(reversed(acc)))
+    assert batch_token("t", acc) != batch_token("t", acc[:-1])
+    assert batch_token("t", acc) != batch_token("u", acc)
+
+
+def test_second_process_cannot_open_an_owned_data_dir(store: ClickHouseStore) -> None:
+    code = (
+        "import sys; from pathlib import Path; from streams.clickhouse_store import *\n"
+        "try:\n    open_store(url=None, data_dir=Path(sys.argv[1]), database='x')\n"
+        "except StoreLockedError as e:\n    print('LOCKED', e); sys.exit(0)\n"
+        "print('OPENED'); sys.exit(1)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(store.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "owned by another process" in proc.stdout
