@@ -1,0 +1,1 @@
+"""Benchmarks: print figures against a baseline measured in the same run; never assert."""

@@ -84,6 +84,17 @@ class ClickHouseStore:
                 f"{self.database}.{table}", rows, column_names=list(columns), settings=settings
             )
 
+    def insert_json_lines(
+        self, table: str, lines: Sequence[str], *, token: str, settings: dict[str, Any]
+    ) -> None:
+        """Insert JSONEachRow lines; retrying with the same ``token`` adds nothing."""
+        body = "\n".join(lines).encode()
+        merged = {**settings, "insert_deduplication_token": token, "async_insert": 0}
+        with self._lock:
+            self.client.raw_insert(
+                f"{self.database}.{table}", None, body, settings=merged, fmt="JSONEachRow"
+            )
+
     # -- async wrappers ------------------------------------------------------
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()

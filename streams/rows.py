@@ -1,28 +1,33 @@
-"""Contracts -> ClickHouse rows.
+"""Contracts -> ClickHouse inserts.
 
-A table's columns are its model's fields in declaration order (enums as their
-values, nested probes as parallel arrays), then the Kafka coordinates the row
-came from and the ingestion time. Columns are derived from the models, so the
-DDL in ``infra/clickhouse/schema`` is the only other place that names them;
-a test checks the two agree.
+Events go in as JSONEachRow: the validated model is re-serialised by pydantic
+(canonical: UTC instants, enums as values, nulls kept) and the row's Kafka
+coordinates and ingestion time are appended, so ClickHouse parses the batch
+natively instead of Python encoding it column by column (about 3x cheaper per
+row, measured in bench). Dead letters carry arbitrary bytes, which JSON cannot,
+so they go in as rows. Column names come from the models; a test checks the
+DDL in ``infra/clickhouse/schema`` agrees.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
 from typing import Any
 
 from schemas.base import Contract
 from schemas.commands import DeadLetter
-from schemas.events import NodeHealth, ProbeResult
 from schemas.topics import TELEMETRY_TOPICS
 
 COORDINATES = ("src_topic", "src_partition", "src_offset")
-PROBE_FIELDS = tuple(f for f in ProbeResult.model_fields if f != "schema_version")
+JSON_INSERT_SETTINGS = {
+    "input_format_skip_unknown_fields": 0,  # a field without a column is an error, not a loss
+    "input_format_json_ignore_unknown_keys_in_named_tuple": 1,  # probes' schema_version
+    "date_time_input_format": "best_effort",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,40 +41,31 @@ class Coordinates:
 
 @dataclass(frozen=True, slots=True)
 class TableLayout:
-    """How one value type becomes rows of one table."""
+    """How one value type is written to one table: as JSON lines or as rows."""
 
     table: str
     columns: tuple[str, ...]
     coordinate_columns: tuple[str, str, str]
-    to_row: Callable[[Any, Coordinates, datetime], list[Any]]
+    to_line: Callable[[Any, Coordinates, str], str] | None = None
+    to_row: Callable[[Any, Coordinates, datetime], list[Any]] | None = None
 
 
-def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, Enum) else value
+def instant_json(at: datetime) -> str:
+    """A JSON string literal for ``at`` (what ``to_line`` expects for the ingestion time)."""
+    return json.dumps(at.isoformat())
+
+
+def _event_line(value: Contract, at: Coordinates, ingested_at_json: str) -> str:
+    doc = value.model_dump_json()
+    return (
+        f'{doc[:-1]},"src_topic":{json.dumps(at.topic)},"src_partition":{at.partition},'
+        f'"src_offset":{at.offset},"ingested_at":{ingested_at_json}}}'
+    )
 
 
 def _event_layout(table: str, value_type: type[Contract]) -> TableLayout:
-    fields = [f for f in value_type.model_fields if f != "schema_version"]
-    nested = "probes" if value_type is NodeHealth else None
-    columns: list[str] = []
-    for f in fields:
-        if f == nested:
-            columns.extend(f"probes.{p}" for p in PROBE_FIELDS)
-        else:
-            columns.append(f)
-
-    def to_row(value: Any, at: Coordinates, ingested_at: datetime) -> list[Any]:
-        row: list[Any] = []
-        for f in fields:
-            v = getattr(value, f)
-            if f == nested:
-                row.extend([_plain(getattr(p, pf)) for p in v] for pf in PROBE_FIELDS)
-            else:
-                row.append(_plain(v))
-        row.extend((at.topic, at.partition, at.offset, ingested_at))
-        return row
-
-    return TableLayout(table, (*columns, *COORDINATES, "ingested_at"), COORDINATES, to_row)
+    columns = (*value_type.model_fields, *COORDINATES, "ingested_at")
+    return TableLayout(table, columns, COORDINATES, to_line=_event_line)
 
 
 def _dead_letter_row(value: DeadLetter, at: Coordinates, ingested_at: datetime) -> list[Any]:
@@ -101,7 +97,7 @@ DEAD_LETTERS = TableLayout(
         "ingested_at",
     ),
     ("source_topic", "source_partition", "source_offset"),
-    _dead_letter_row,
+    to_row=_dead_letter_row,
 )
 
 LAYOUTS: dict[type[Contract], TableLayout] = {

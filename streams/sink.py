@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from schemas.base import Contract
 from streams.clickhouse_store import ClickHouseStore
-from streams.rows import LAYOUTS, Coordinates, TableLayout
+from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, TableLayout, instant_json
 
 Record = tuple[Contract, Coordinates]
 R = TypeVar("R", bound=tuple[Contract, Coordinates])
@@ -150,25 +150,45 @@ class ClickHouseSink:
         for rec in fresh:
             by_table[LAYOUTS[type(rec[0])].table].append(rec)
         written = 0
+        ingested_at = instant_json(now)
         for table, recs in by_table.items():
             layout = LAYOUTS[type(recs[0][0])]
-            rows = [layout.to_row(value, at, now) for value, at in recs]
-            await self._insert(layout, rows, batch_token(table, recs))
+            token = batch_token(table, recs)
+            if layout.to_line is not None:
+                to_line = layout.to_line
+                lines = [to_line(value, at, ingested_at) for value, at in recs]
+                await self._insert(layout, self._json_insert, lines, token)
+            else:
+                assert layout.to_row is not None
+                to_row = layout.to_row
+                rows = [to_row(value, at, now) for value, at in recs]
+                await self._insert(layout, self._row_insert, rows, token)
             self.marks.advance(table, recs)
-            self.metrics.rows.labels(table).inc(len(rows))
-            written += len(rows)
+            self.metrics.rows.labels(table).inc(len(recs))
+            written += len(recs)
         return written
 
-    async def _insert(self, layout: TableLayout, rows: list[list[Any]], token: str) -> None:
+    def _json_insert(self, layout: TableLayout, lines: list[Any], token: str) -> None:
+        self.store.insert_json_lines(
+            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS
+        )
+
+    def _row_insert(self, layout: TableLayout, rows: list[Any], token: str) -> None:
+        self.store.insert(layout.table, rows, layout.columns, token=token)
+
+    async def _insert(
+        self,
+        layout: TableLayout,
+        insert: Callable[[TableLayout, list[Any], str], None],
+        data: list[Any],
+        token: str,
+    ) -> None:
         for attempt in range(1, self.max_attempts + 1):
             started = time.perf_counter()
             try:
-                await self.store.run(
-                    self.store.insert, layout.table, rows, layout.columns, token=token
-                )
-                self.metrics.insert_seconds.labels(layout.table).observe(
-                    time.perf_counter() - started
-                )
+                await self.store.run(insert, layout, data, token)
+                elapsed = time.perf_counter() - started
+                self.metrics.insert_seconds.labels(layout.table).observe(elapsed)
                 return
             except Exception:
                 if attempt == self.max_attempts:

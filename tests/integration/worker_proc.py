@@ -45,6 +45,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 90.0) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("KAFKA_BOOTSTRAP", None)
         with self.log_path.open("ab") as log:

@@ -6,13 +6,14 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from schemas.base import Contract
 from schemas.topics import TELEMETRY_TOPICS
 from streams.clickhouse_store import ClickHouseStore
 from streams.ingest import RawMessage, split
-from streams.rows import LAYOUTS, Coordinates
+from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, instant_json
 from streams.sink import ClickHouseSink, Watermarks, batch_token
 from tests.factories import START, fleet_events, malformed_payloads
 
@@ -61,11 +62,41 @@ def test_write_is_idempotent_across_retries_and_restarts(store: ClickHouseStore)
 def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> None:
     records = [r for r in _records(400, "b.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
     layout = LAYOUTS[type(records[0][0])]
-    rows = [layout.to_row(v, at, START) for v, at in records]
+    assert layout.to_line is not None
+    lines = [layout.to_line(v, at, instant_json(START)) for v, at in records]
     token = batch_token(layout.table, records)
-    store.insert(layout.table, rows, layout.columns, token=token)
-    store.insert(layout.table, rows, layout.columns, token=token)
+    for _ in range(2):
+        store.insert_json_lines(layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS)
     assert _count(store, layout.table, "b.") == len(records)
+
+
+def test_events_land_with_nulls_enums_probes_and_utc_instants(store: ClickHouseStore) -> None:
+    records = _records(2000, "e.")
+    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    db = store.database
+    mtia = store.query(
+        f"SELECT memory_temp_celsius, xid_last, accelerator_type, toString(observed_at) "
+        f"FROM {db}.accelerator_telemetry WHERE src_topic LIKE 'e.%' "
+        "AND accelerator_type = 'MTIA' LIMIT 1"
+    ).rows[0]
+    assert mtia[:3] == [None, None, "MTIA"]
+    assert mtia[3] == "2026-11-01 12:00:00.000"  # the factory's START, in UTC
+    probes = store.query(
+        f"SELECT length(probes), probes.probe[1], probes.passed[1] FROM {db}.node_health "
+        "WHERE src_topic LIKE 'e.%' AND heartbeat_seq = 0 LIMIT 1"
+    ).rows[0]
+    assert probes == [8, "gemm", True]
+
+
+def test_a_field_without_a_column_is_an_error_not_a_silent_loss(store: ClickHouseStore) -> None:
+    records = [r for r in _records(500, "f.") if type(r[0]).__name__ == "Demand"]
+    layout = LAYOUTS[type(records[0][0])]
+    assert layout.to_line is not None
+    line = layout.to_line(records[0][0], records[0][1], instant_json(START))
+    with pytest.raises(Exception, match=r"surprise|Unknown field"):
+        store.insert_json_lines(
+            layout.table, [line[:-1] + ',"surprise":1}'], token="f1", settings=JSON_INSERT_SETTINGS
+        )
 
 
 def test_dead_letters_have_their_own_watermarks(store: ClickHouseStore) -> None:

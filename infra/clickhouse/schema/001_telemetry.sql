@@ -7,6 +7,7 @@
 
 CREATE TABLE IF NOT EXISTS ${database}.accelerator_telemetry
 (
+    schema_version UInt8,
     event_id UUID,
     observed_at DateTime64(3, 'UTC'),
     node_id String,
@@ -50,6 +51,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.node_health
 (
+    schema_version UInt8,
     event_id UUID,
     observed_at DateTime64(3, 'UTC'),
     node_id String,
@@ -59,12 +61,13 @@ CREATE TABLE IF NOT EXISTS ${database}.node_health
     agent_version LowCardinality(String),
     heartbeat_seq UInt64,
     uptime_s Float64,
-    `probes.probe` Array(LowCardinality(String)),
-    `probes.device_uuid` Array(Nullable(String)),
-    `probes.passed` Array(Bool),
-    `probes.duration_s` Array(Float64),
-    `probes.achieved_per_s` Array(Nullable(Float64)),
-    `probes.expected_ratio` Array(Nullable(Float64)),
+    probes Array(Tuple(
+        probe LowCardinality(String),
+        device_uuid Nullable(String),
+        passed Bool,
+        duration_s Float64,
+        achieved_per_s Nullable(Float64),
+        expected_ratio Nullable(Float64))),
     src_topic LowCardinality(String),
     src_partition UInt32,
     src_offset UInt64,
@@ -78,6 +81,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.pdu_readings
 (
+    schema_version UInt8,
     event_id UUID,
     observed_at DateTime64(3, 'UTC'),
     pdu_id LowCardinality(String),
@@ -103,6 +107,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.serving_metrics
 (
+    schema_version UInt8,
     event_id UUID,
     observed_at DateTime64(3, 'UTC'),
     replica_id String,
@@ -135,6 +140,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS ${database}.demand
 (
+    schema_version UInt8,
     event_id UUID,
     observed_at DateTime64(3, 'UTC'),
     model LowCardinality(String),

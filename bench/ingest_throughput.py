@@ -1,0 +1,196 @@
+"""Ingest throughput: the faust worker against a raw aiokafka ``getmany`` + decode loop.
+
+All read the same pre-produced telemetry (all five families, the simulated
+fleet's mix) from the same broker in one run. The raw loop only decodes and
+validates; the worker also writes to ClickHouse (embedded) and commits
+offsets, which is the real job; a faust worker whose processors only count
+separates faust's own per-event cost from ours. Prints the rates and ratios.
+
+    python -m bench.ingest_throughput --events 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+
+from agents.publisher import KafkaPublisher
+from agents.simulated import SimulatedFleetAgent
+from fleetloop.kafka_broker import LocalKafkaBroker
+from fleetloop.settings import REPO_ROOT, BrokerSettings
+from fleetloop.topics_admin import ensure_topics
+from schemas.base import Contract
+from schemas.codec import DecodeError, decode
+from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _events(count: int) -> list[tuple[TopicSpec, Contract]]:
+    from datetime import UTC, datetime
+
+    agent = SimulatedFleetAgent(nodes=50, devices_per_node=8, seed=5, start=datetime.now(UTC))
+    out: list[tuple[TopicSpec, Contract]] = []
+    n = 0
+    while len(out) < count:
+        out.extend(agent.tick(n))
+        n += 1
+    return out[:count]
+
+
+async def _produce(bootstrap: str, prefix: str, events: list[tuple[TopicSpec, Contract]]) -> float:
+    started = time.perf_counter()
+    async with KafkaPublisher(bootstrap, topic_prefix=prefix, linger_ms=20) as publisher:
+        for i, (spec, value) in enumerate(events):
+            await publisher.publish(spec, value)
+            if i % 20_000 == 19_999:
+                await publisher.flush()
+        await publisher.flush()
+    return len(events) / (time.perf_counter() - started)
+
+
+async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int]:
+    by_name = {prefix + spec.name: spec for spec in TELEMETRY_TOPICS}
+    consumer = AIOKafkaConsumer(
+        *by_name,
+        bootstrap_servers=bootstrap,
+        group_id=f"bench-raw-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=10_000,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    await consumer.start()
+    seen = bad = 0
+    started: float | None = None
+    try:
+        while seen < total:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            if started is None and batches:
+                started = time.perf_counter()
+            for tp, records in batches.items():
+                spec = by_name[tp.topic]
+                for record in records:
+                    try:
+                        decode(record.value, spec.value_type)
+                    except DecodeError:
+                        bad += 1
+                    seen += 1
+        assert started is not None
+        return seen / (time.perf_counter() - started), bad
+    finally:
+        await consumer.stop()
+
+
+def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[float, Counter[str]]:
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.integration.worker_proc import WorkerProcess
+
+    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=_free_port())
+    worker.args += ["--loglevel", "warning"]
+    count_sql = " UNION ALL ".join(
+        f"SELECT '{s.table}', count() FROM fleetloop.{s.table}" for s in TELEMETRY_TOPICS
+    )
+    worker.start()
+    try:
+        first_at: float | None = None
+        first_count = 0
+        while True:
+            rows = {r[0]: int(r[1]) for r in worker.sql(count_sql)}
+            stored = sum(rows.values())
+            now = time.perf_counter()
+            if first_at is None and stored > 0:
+                first_at, first_count = now, stored
+            if stored >= total:
+                assert first_at is not None
+                elapsed = max(now - first_at, 1e-9)
+                return (stored - first_count) / elapsed, Counter(rows)
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+
+
+def _faust_noop_rate(bootstrap: str, prefix: str, total: int) -> float:
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.faust_noop",
+        "--bootstrap",
+        bootstrap,
+        "--prefix",
+        prefix,
+        "--events",
+        str(total),
+    ]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT, check=False
+    )
+    rates = re.findall(r"^rate (\d+)$", out.stdout, flags=re.MULTILINE)
+    if not rates:
+        raise RuntimeError(f"faust no-op run failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return float(rates[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fleetloop-bench-") as tmp:
+        home = Path(tmp)
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        broker = None
+        if not bootstrap:
+            broker = LocalKafkaBroker(
+                BrokerSettings(
+                    broker_dir=home / "kafka",
+                    jar_dir=REPO_ROOT / ".cache" / "kafka",
+                    port=_free_port(),
+                    controller_port=_free_port(),
+                )
+            )
+            broker.up()
+            bootstrap = broker.bootstrap
+        try:
+            prefix = f"bench-{uuid.uuid4().hex[:8]}."
+            asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
+            events = _events(args.events)
+            produce_rate = asyncio.run(_produce(bootstrap, prefix, events))
+            mix = Counter(spec.name.split(".")[1] for spec, _ in events)
+            print(f"pre-produced {len(events)} events ({dict(mix)}) at {produce_rate:,.0f}/s")
+            raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, len(events)))
+            print(f"raw aiokafka getmany + decode : {raw_rate:12,.0f} events/s ({bad} invalid)")
+            noop_rate = _faust_noop_rate(bootstrap, prefix, len(events))
+            print(
+                f"faust no-op processors        : {noop_rate:12,.0f} events/s (faust's own ceiling)"
+            )
+            worker_rate, stored = _worker_rate(bootstrap, prefix, len(events), home / "worker")
+            print(
+                f"faust worker -> ClickHouse    : {worker_rate:12,.0f} events/s "
+                f"(rows {sum(stored.values())})"
+            )
+            print(f"ratio worker / raw            : {worker_rate / raw_rate:12.3f}")
+            print(f"ratio faust no-op / raw       : {noop_rate / raw_rate:12.3f}")
+            print(f"ratio worker / faust no-op    : {worker_rate / noop_rate:12.3f}")
+        finally:
+            if broker is not None:
+                broker.down()
+
+
+if __name__ == "__main__":
+    main()
