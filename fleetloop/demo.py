@@ -36,13 +36,17 @@ MALFORMED = (
 
 SUMMARY_SQL = """
 SELECT 'accelerator_telemetry' AS table, count() AS rows, uniqExact(event_id) AS unique_ids
-FROM {db}.accelerator_telemetry
+FROM {db}.accelerator_telemetry WHERE ingested_at >= {since}
 UNION ALL SELECT 'node_health', count(), uniqExact(event_id) FROM {db}.node_health
+WHERE ingested_at >= {since}
 UNION ALL SELECT 'pdu_readings', count(), uniqExact(event_id) FROM {db}.pdu_readings
+WHERE ingested_at >= {since}
 UNION ALL SELECT 'serving_metrics', count(), uniqExact(event_id) FROM {db}.serving_metrics
+WHERE ingested_at >= {since}
 UNION ALL SELECT 'demand', count(), uniqExact(event_id) FROM {db}.demand
+WHERE ingested_at >= {since}
 UNION ALL SELECT 'dead_letters', count(), uniqExact(source_topic, source_partition, source_offset)
-FROM {db}.dead_letters
+FROM {db}.dead_letters WHERE ingested_at >= {since}
 """
 
 FLEET_SQL = """
@@ -50,7 +54,8 @@ SELECT accelerator_type, count() AS samples, round(avg(gpu_util_ratio), 3) AS ut
        round(toFloat64(max(gpu_temp_celsius)), 1) AS max_temp_c,
        round(avg(power_usage_watts)) AS avg_watts,
        countIf(memory_temp_celsius IS NULL) AS no_mem_temp
-FROM {db}.accelerator_telemetry GROUP BY accelerator_type ORDER BY accelerator_type
+FROM {db}.accelerator_telemetry WHERE ingested_at >= {since}
+GROUP BY accelerator_type ORDER BY accelerator_type
 """
 
 
@@ -69,6 +74,8 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> Non
 
 def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_running: bool) -> int:
     """Run the demo; return a process exit code."""
+    run_started = datetime.now(UTC)
+    since = f"toDateTime64('{run_started:%Y-%m-%d %H:%M:%S}', 3, 'UTC')"  # this run's rows only
     env = dict(os.environ)
     broker: LocalKafkaBroker | None = None
     bootstrap = agent.kafka_bootstrap
@@ -136,26 +143,38 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
         db = agent.clickhouse_database
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            rows = run_query(agent, SUMMARY_SQL.format(db=db)).rows
+            rows = run_query(agent, SUMMARY_SQL.format(db=db, since=since)).rows
             stored = sum(int(r[1]) for r in rows if r[0] != "dead_letters")
             dead = sum(int(r[1]) for r in rows if r[0] == "dead_letters")
             if stored >= sent and dead >= len(MALFORMED):
                 break
             time.sleep(1)
         print("\n[demo] ClickHouse (embedded chDB, owned by the worker):")
-        print(format_table(run_query(agent, SUMMARY_SQL.format(db=db))))
+        print(format_table(run_query(agent, SUMMARY_SQL.format(db=db, since=since))))
         print("\n[demo] fleet by accelerator type:")
-        print(format_table(run_query(agent, FLEET_SQL.format(db=db))))
+        print(format_table(run_query(agent, FLEET_SQL.format(db=db, since=since))))
         print("\n[demo] dead letters:")
         print(
             format_table(
                 run_query(
                     agent,
-                    f"SELECT source_topic, source_offset, error_kind, error FROM {db}.dead_letters "
+                    f"SELECT source_topic, source_offset, error_kind, substring(error, 1, 60) AS error "
+                    f"FROM {db}.dead_letters WHERE ingested_at >= {since} "
                     "ORDER BY received_at DESC LIMIT 5",
                 )
             )
         )
+        print("\n[demo] worker metrics (Prometheus, excerpt):")
+        with urllib.request.urlopen(agent.query_url + "/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(
+                    (
+                        "fleetloop_ingest_events_total",
+                        "fleetloop_sink_rows_total",
+                        "fleetloop_dead_letters_total",
+                    )
+                ):
+                    print("  " + line)
         if keep_running:
             print(f"\n[demo] left running: try  fleetloop sql 'SELECT count() FROM {db}.demand'")
             worker.wait()

@@ -26,7 +26,9 @@ class BrokerSettings(_Base):
     """The local single-node KRaft broker (`fleetloop kafka ...`)."""
 
     broker_dir: Path = Field(Path("var/kafka"), description="broker data, config and logs")
-    jar_dir: Path = Field(Path(".cache/kafka"), description="jar cache (resolved from Maven)")
+    jar_dir: Path = Field(
+        REPO_ROOT / ".cache" / "kafka", description="jar cache (resolved from Maven Central)"
+    )
     port: int = Field(9092, ge=1, le=65535)
     controller_port: int = Field(9093, ge=1, le=65535)
     heap: str = Field("-Xms512m -Xmx1g", description="JVM heap flags")
@@ -60,7 +62,7 @@ class ConnectionSettings(_Base):
 class AgentSettings(ConnectionSettings):
     """The simulated node agent (`fleetloop agent`)."""
 
-    nodes: int = Field(4, ge=1)
+    nodes: int = Field(10, ge=1)
     devices_per_node: int = Field(8, ge=1, le=16)
     interval_s: float = Field(1.0, gt=0)
     ticks: int | None = Field(None, ge=1, description="stop after this many ticks")
