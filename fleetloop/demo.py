@@ -158,8 +158,8 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
             format_table(
                 run_query(
                     agent,
-                    f"SELECT source_topic, source_offset, error_kind, substring(error, 1, 60) AS error "
-                    f"FROM {db}.dead_letters WHERE ingested_at >= {since} "
+                    "SELECT source_topic, source_offset, error_kind, "
+                    f"substring(error, 1, 60) AS error FROM {db}.dead_letters WHERE ingested_at >= {since} "
                     "ORDER BY received_at DESC LIMIT 5",
                 )
             )
