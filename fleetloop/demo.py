@@ -59,6 +59,12 @@ GROUP BY accelerator_type ORDER BY accelerator_type
 """
 
 
+DEAD_SQL = """
+SELECT source_topic, source_offset, error_kind, substring(error, 1, 60) AS error
+FROM {db}.dead_letters WHERE ingested_at >= {since} ORDER BY received_at DESC LIMIT 5
+"""
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -154,16 +160,7 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
         print("\n[demo] fleet by accelerator type:")
         print(format_table(run_query(agent, FLEET_SQL.format(db=db, since=since))))
         print("\n[demo] dead letters:")
-        print(
-            format_table(
-                run_query(
-                    agent,
-                    "SELECT source_topic, source_offset, error_kind, "
-                    f"substring(error, 1, 60) AS error FROM {db}.dead_letters WHERE ingested_at >= {since} "
-                    "ORDER BY received_at DESC LIMIT 5",
-                )
-            )
-        )
+        print(format_table(run_query(agent, DEAD_SQL.format(db=db, since=since))))
         print("\n[demo] worker metrics (Prometheus, excerpt):")
         with urllib.request.urlopen(agent.query_url + "/metrics", timeout=10) as response:
             for line in response.read().decode().splitlines():
