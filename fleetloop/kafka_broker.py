@@ -143,6 +143,12 @@ class LocalKafkaBroker:
         except (FileNotFoundError, ValueError):
             return None
         try:
+            # A broker we started ourselves lingers as a zombie until reaped.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return None
+        except ChildProcessError:
+            pass  # not our child: another process started it
+        try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return None

@@ -8,12 +8,15 @@ offsets are committed after ClickHouse holds the rows.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -26,6 +29,7 @@ from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
+EXIT_PROCESSING_FAILED = 70  # EX_SOFTWARE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +70,25 @@ class IngestMetrics:
         )
 
 
+def fail_stop(processor: str, exc: BaseException) -> NoReturn:
+    """End the worker process now; never let a processor continue past a failed batch.
+
+    faust would restart a crashed agent and carry on with later batches, whose
+    writes move the sink's watermarks past the failed one, which would then be
+    skipped on replay: lost. Exiting keeps the failed batch uncommitted and
+    unwritten, so the restarted worker (systemd, compose, Kubernetes) redoes it.
+    """
+    log.critical("processor %s failed; stopping the worker: %r", processor, exc, exc_info=exc)
+    logging.shutdown()
+    os._exit(EXIT_PROCESSING_FAILED)
+
+
 def create_app(
-    config: WorkerConfig, store: ClickHouseStore, registry: CollectorRegistry | None = None
+    config: WorkerConfig,
+    store: ClickHouseStore,
+    registry: CollectorRegistry | None = None,
+    *,
+    on_fatal: Callable[[str, BaseException], None] = fail_stop,
 ) -> faust.App:
     """Build the faust app with its processors and web pages."""
     registry = registry or CollectorRegistry()
@@ -99,13 +120,18 @@ def create_app(
     cast(Any, app.on_partitions_revoked).connect(_moved)
 
     for spec in TELEMETRY_TOPICS:
-        _add_ingest(app, config, spec, sink, metrics)
+        _add_ingest(app, config, spec, sink, metrics, on_fatal)
     _add_pages(app, store, registry)
     return app
 
 
 def _add_ingest(
-    app: faust.App, config: WorkerConfig, spec: TopicSpec, sink: ClickHouseSink, m: IngestMetrics
+    app: faust.App,
+    config: WorkerConfig,
+    spec: TopicSpec,
+    sink: ClickHouseSink,
+    m: IngestMetrics,
+    on_fatal: Callable[[str, BaseException], None],
 ) -> None:
     name = config.topic_prefix + spec.name
     source = app.topic(name, value_type=bytes, key_type=bytes, partitions=spec.partitions)
@@ -113,30 +139,41 @@ def _add_ingest(
     valid_count = m.events.labels(name, "valid")
     dead_count = m.events.labels(name, "dead_letter")
 
+    async def handle(events: list[Any]) -> None:
+        now = datetime.now(UTC)
+        messages = [
+            RawMessage(
+                Coordinates(e.message.topic, e.message.partition, e.message.offset),
+                e.message.key,
+                e.message.value,
+            )
+            for e in events
+        ]
+        result = split(messages, spec.value_type, now=now)
+        dead = await sink.unseen(result.dead)
+        deliveries = []
+        for letter, _at in dead:
+            key = (letter.source_key or "").encode()
+            deliveries.append(await dlq.send(key=key, value=encode(letter)))
+            m.dead_letters.labels(name, letter.error_kind).inc()
+        await asyncio.gather(*deliveries)  # dead letters are durable before offsets move
+        await sink.write([*result.valid, *dead], now=now)
+        valid_count.inc(len(result.valid))
+        dead_count.inc(len(result.dead))
+
+    processor = f"ingest.{spec.table}"
+    errors = m.errors.labels(processor)
+
     async def ingest(stream: Any) -> None:
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
-            now = datetime.now(UTC)
-            messages = [
-                RawMessage(
-                    Coordinates(e.message.topic, e.message.partition, e.message.offset),
-                    e.message.key,
-                    e.message.value,
-                )
-                for e in events
-            ]
-            result = split(messages, spec.value_type, now=now)
-            dead = await sink.unseen(result.dead)
-            for letter, _at in dead:
-                await dlq.send(key=(letter.source_key or "").encode(), value=encode(letter))
-                m.dead_letters.labels(name, letter.error_kind).inc()
-            if dead:
-                await app.producer.flush()  # dead letters are durable before offsets move
-            await sink.write([*result.valid, *dead], now=now)
-            valid_count.inc(len(result.valid))
-            dead_count.inc(len(result.dead))
+            try:
+                await handle(events)
+            except Exception as exc:
+                errors.inc()
+                on_fatal(processor, exc)
 
     ingest.__name__ = f"ingest_{spec.table}"
-    app.agent(source, name=f"ingest.{spec.table}", concurrency=1)(ingest)
+    app.agent(source, name=processor, concurrency=1)(ingest)
 
 
 def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegistry) -> None:

@@ -29,7 +29,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _docker_engine_answers() -> bool:
+def docker_engine_answers() -> bool:
     try:
         import docker
 
@@ -46,8 +46,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield existing
         return
     mode = os.environ.get("FLEETLOOP_TEST_KAFKA", "auto")
-    if mode == "testcontainers" or (mode == "auto" and _docker_engine_answers()):
-        from testcontainers.kafka import KafkaContainer
+    if mode == "testcontainers" or (mode == "auto" and docker_engine_answers()):
+        from testcontainers.community.kafka import KafkaContainer
 
         with KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft() as container:
             yield container.get_bootstrap_server()
@@ -75,3 +75,24 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def topic_prefix() -> str:
     """Unique topic namespace per test."""
     return f"it-{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture(scope="session")
+def clickhouse_url() -> Iterator[str]:
+    """A ClickHouse server: ``CLICKHOUSE_URL``, else testcontainers when Docker answers.
+
+    Without either, server mode cannot be exercised on this machine; the
+    embedded engine (same code path) is covered by the unit tests.
+    """
+    existing = os.environ.get("CLICKHOUSE_URL")
+    if existing:
+        yield existing
+        return
+    if not docker_engine_answers():
+        pytest.skip("no ClickHouse server here: set CLICKHOUSE_URL or run a Docker engine")
+    from testcontainers.community.clickhouse import ClickHouseContainer
+
+    with ClickHouseContainer("clickhouse/clickhouse-server:25.8.9.20") as server:
+        host = server.get_container_host_ip()
+        port = server.get_exposed_port(8123)
+        yield f"http://{server.username}:{server.password}@{host}:{port}"
