@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -150,9 +152,42 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         for table, n in expected.items():
             assert counts[table] == (n, n), (table, counts[table], n)
         assert counts["dead_letters"] == (150, 150)
-        assert restarted.metric("fleetloop_sink_replayed_rows_total") > 0, (
-            "the restart re-read nothing: the replay path was not exercised"
+        replayed = restarted.metric("fleetloop_sink_replayed_rows_total")
+        print(f"killed at {at_kill} stored rows; restart dropped {replayed:.0f} replayed rows")
+        assert replayed > 0, "the restart re-read nothing: the replay path was not exercised"
+
+        # `fleetloop sql` is answered by the worker that owns the (locked) embedded data,
+        # read-only.
+        cli = [
+            sys.executable,
+            "-m",
+            "fleetloop",
+            "sql",
+            "--format",
+            "json",
+            "--query-url",
+            restarted.url,
+            "--clickhouse-dir",
+            str(worker_home / "clickhouse"),
+        ]
+        out = subprocess.run(
+            [*cli, f"SELECT count() FROM {DB}.dead_letters"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["rows"] == [[150]]
+        out = subprocess.run(
+            [*cli, f"TRUNCATE TABLE {DB}.dead_letters"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 1 and "readonly" in out.stderr.lower()
+        assert _counts(restarted)["dead_letters"] == (150, 150)
     finally:
         worker.stop()
         if restarted is not None:
