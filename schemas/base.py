@@ -25,7 +25,10 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
-Count = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+"""A non-negative integer that fits the UInt64 columns it lands in."""
+Celsius = Annotated[float, Field(ge=-60.0, le=250.0)]
+"""A temperature a sensor on a running device can physically report."""
 Identifier = Annotated[str, Field(min_length=1, max_length=128)]
 
 

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from schemas.base import (
     AcceleratorType,
+    Celsius,
     Contract,
     Count,
     Identifier,
@@ -42,15 +43,15 @@ class AcceleratorTelemetry(Event):
 
     node_id: Identifier
     device_uuid: Identifier
-    device_index: Count
+    device_index: Annotated[int, Field(ge=0, le=65_535)]
     accelerator_type: AcceleratorType
     region: Identifier
     pod_id: Identifier
     rack_id: Identifier
     pdu_id: Identifier
 
-    gpu_temp_celsius: float | None = None
-    memory_temp_celsius: float | None = None
+    gpu_temp_celsius: Celsius | None = None
+    memory_temp_celsius: Celsius | None = None
     power_usage_watts: NonNegFloat | None = None
     power_limit_watts: NonNegFloat | None = None
     sm_clock_mhz: NonNegFloat | None = None

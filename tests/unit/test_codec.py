@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -56,3 +57,18 @@ def test_constructing_a_non_finite_value_fails() -> None:
     doc["gpu_temp_celsius"] = math.nan
     with pytest.raises(ValueError, match="finite"):
         AcceleratorTelemetry.model_validate(doc)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("device_index", 70_000), ("ecc_sbe_volatile_total", 10**30), ("gpu_temp_celsius", 1e300)],
+)
+def test_values_the_tables_cannot_hold_are_rejected_at_decode(field: str, value: object) -> None:
+    # Otherwise ClickHouse would refuse the batch and the worker would stop on a poison message.
+    spec, event = next((s, v) for s, v in fleet_events(10) if isinstance(v, AcceleratorTelemetry))
+    doc = event.model_dump(mode="json")
+    doc[field] = value
+    with pytest.raises(DecodeError) as info:
+        decode(json.dumps(doc).encode(), spec.value_type)
+    assert info.value.kind is DecodeErrorKind.SCHEMA
+    assert field in info.value.message
