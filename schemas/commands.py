@@ -152,7 +152,8 @@ class DeadLetter(Contract):
     source_key: str | None = None
     error_kind: Identifier
     error: Annotated[str, Field(max_length=4096)]
-    raw_base64: str
+    raw_base64: str = Field(description="the message bytes, at most the first 64 KiB")
+    raw_size_bytes: Count = Field(description="size of the whole message")
     received_at: UtcDatetime
 
 

@@ -9,7 +9,7 @@ from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter
 from schemas.topics import ALL_TOPICS
 
-EXTRA_TYPES = (CommandResult, DeadLetter)
+EXTRA_TYPES: tuple[type[Contract], ...] = (CommandResult, DeadLetter)
 
 
 def export_json_schemas(directory: Path) -> list[Path]:

@@ -35,17 +35,24 @@ class Split:
     dead: list[tuple[DeadLetter, Coordinates]] = field(default_factory=list)
 
 
+MAX_DEAD_LETTER_RAW_BYTES = 64 * 1024
+"""Raw bytes kept per dead letter: enough to debug, small enough that the dead
+letter itself always fits in a Kafka message."""
+
+
 def dead_letter(message: RawMessage, error: DecodeError, *, now: datetime) -> DeadLetter:
     """The dead letter for ``message`` that failed with ``error``."""
     key = None if message.key is None else message.key.decode("utf-8", "backslashreplace")
+    raw = message.value or b""
     return DeadLetter(
         source_topic=message.at.topic,
         source_partition=message.at.partition,
         source_offset=message.at.offset,
-        source_key=key,
+        source_key=key[:1024] if key is not None else None,
         error_kind=error.kind.value,
         error=error.message[:4096],
-        raw_base64=base64.b64encode(message.value or b"").decode(),
+        raw_base64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW_BYTES]).decode(),
+        raw_size_bytes=len(raw),
         received_at=now,
     )
 

@@ -79,6 +79,7 @@ def _dead_letter_row(value: DeadLetter, at: Coordinates, ingested_at: datetime) 
         value.error_kind,
         value.error,
         base64.b64decode(value.raw_base64),
+        value.raw_size_bytes,
         ingested_at,
     ]
 
@@ -94,6 +95,7 @@ DEAD_LETTERS = TableLayout(
         "error_kind",
         "error",
         "raw",
+        "raw_size_bytes",
         "ingested_at",
     ),
     ("source_topic", "source_partition", "source_offset"),

@@ -2,7 +2,7 @@ import base64
 
 from schemas.commands import DeadLetter
 from schemas.topics import ACCELERATOR
-from streams.ingest import RawMessage, split
+from streams.ingest import MAX_DEAD_LETTER_RAW_BYTES, RawMessage, split
 from streams.rows import Coordinates
 from tests.factories import START, fleet_events, malformed_payloads
 
@@ -29,3 +29,15 @@ def test_split_keeps_valid_and_turns_bad_into_dead_letters_with_coordinates() ->
 def test_split_of_nothing_is_empty() -> None:
     out = split([], ACCELERATOR.value_type, now=START)
     assert out.valid == [] and out.dead == []
+
+
+def test_huge_bad_messages_keep_a_bounded_prefix_and_their_size() -> None:
+    raw = b"{" + b"x" * 900_000
+    out = split(
+        [RawMessage(Coordinates("t", 0, 7), b"k" * 5000, raw)], ACCELERATOR.value_type, now=START
+    )
+    ((letter, _),) = out.dead
+    assert letter.raw_size_bytes == len(raw)
+    assert base64.b64decode(letter.raw_base64) == raw[:MAX_DEAD_LETTER_RAW_BYTES]
+    assert len(letter.model_dump_json()) < 200_000  # always fits a Kafka message
+    assert letter.source_key is not None and len(letter.source_key) == 1024

@@ -170,6 +170,7 @@ CREATE TABLE IF NOT EXISTS ${database}.dead_letters
     error_kind LowCardinality(String),
     error String,
     raw String,
+    raw_size_bytes UInt64,
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
