@@ -153,6 +153,15 @@ class SimulatedFleetAgent:
                 out.append((DEMAND, self._demand(model, region, at, load)))
         return out
 
+    def first(self, count: int) -> list[tuple[TopicSpec, Contract]]:
+        """Exactly the first ``count`` events, tick after tick from tick 0."""
+        out: list[tuple[TopicSpec, Contract]] = []
+        n = 0
+        while len(out) < count:
+            out.extend(self.tick(n))
+            n += 1
+        return out[:count]
+
     def _device(self, node: Node, d: int, at: datetime, load: float) -> AcceleratorTelemetry:
         p = PROFILES[node.accelerator_type]
         rng = self._rng

@@ -46,12 +46,7 @@ def _events(count: int) -> list[tuple[TopicSpec, Contract]]:
     from datetime import UTC, datetime
 
     agent = SimulatedFleetAgent(nodes=50, devices_per_node=8, seed=5, start=datetime.now(UTC))
-    out: list[tuple[TopicSpec, Contract]] = []
-    n = 0
-    while len(out) < count:
-        out.extend(agent.tick(n))
-        n += 1
-    return out[:count]
+    return agent.first(count)
 
 
 async def _produce(bootstrap: str, prefix: str, events: list[tuple[TopicSpec, Contract]]) -> float:

@@ -18,13 +18,7 @@ def fleet_events(
     count: int, *, nodes: int = 20, seed: int = 11
 ) -> list[tuple[TopicSpec, Contract]]:
     """Exactly ``count`` events from the simulated fleet, all five families included."""
-    agent = SimulatedFleetAgent(nodes=nodes, devices_per_node=8, seed=seed, start=START)
-    out: list[tuple[TopicSpec, Contract]] = []
-    n = 0
-    while len(out) < count:
-        out.extend(agent.tick(n))
-        n += 1
-    return out[:count]
+    return SimulatedFleetAgent(nodes=nodes, devices_per_node=8, seed=seed, start=START).first(count)
 
 
 def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
