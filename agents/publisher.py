@@ -68,7 +68,11 @@ class KafkaPublisher:
         self._pending: list[tuple[str, int, asyncio.Future[object]]] = []
 
     async def __aenter__(self) -> KafkaPublisher:
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

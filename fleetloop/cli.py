@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
@@ -205,7 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    result: Any = args.func(args)
+    try:
+        result: Any = args.func(args)
+    except KafkaError as exc:
+        retry = " (retriable: is the broker up? `fleetloop kafka up`)" if exc.retriable else ""
+        print(f"fleetloop {args.command}: Kafka error: {exc}{retry}", file=sys.stderr)
+        return 2
     return int(result)
 
 

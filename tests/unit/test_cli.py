@@ -49,3 +49,11 @@ def test_sql_opens_the_embedded_store_when_no_owner_answers(tmp_path: Path) -> N
     )
     assert bad.returncode != 0
     assert "Syntax error" in bad.stderr or "SYNTAX_ERROR" in bad.stderr
+
+
+def test_unreachable_kafka_is_a_clear_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topics", "create", "--kafka-bootstrap", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "Kafka error" in err and "Traceback" not in err and "fleetloop kafka up" in err
