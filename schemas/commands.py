@@ -25,6 +25,17 @@ class Target(Contract):
     rack_id: Identifier | None = None
     region: Identifier | None = None
 
+    @property
+    def routing_key(self) -> str:
+        """Kafka key: commands for one node (or rack, pool, region) stay in order."""
+        for part in (self.node_id, self.rack_id, self.pool, self.region, self.device_uuid):
+            if part:
+                return part
+        raise AssertionError("validated targets are never empty")
+
+    def __str__(self) -> str:
+        return self.routing_key
+
     @model_validator(mode="after")
     def _not_empty(self) -> Target:
         if not any((self.node_id, self.device_uuid, self.pool, self.rack_id, self.region)):

@@ -143,3 +143,12 @@ def test_json_schema_export_writes_one_file_per_type(tmp_path) -> None:  # type:
     doc = json.loads((tmp_path / "ThrottleCommand.v1.schema.json").read_text())
     assert "power_limit_watts" in doc["properties"]
     assert doc["x-fleetloop-topics"] == ["commands.throttle.v1"]
+
+
+def test_commands_are_keyed_by_their_narrowest_ordering_scope() -> None:
+    from schemas.topics import ROUTE_COMMANDS
+
+    device = _route(target=Target(node_id="node-7", device_uuid="node-7-gpu1"))
+    assert ROUTE_COMMANDS.key_for(device) == b"node-7"
+    rack = _route(target=Target(rack_id="rack-3", region="eu-west"))
+    assert ROUTE_COMMANDS.key_for(rack) == b"rack-3"
