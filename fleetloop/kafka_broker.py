@@ -127,7 +127,7 @@ class LocalKafkaBroker:
     def _format(self, config: Path) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         proc = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
             capture_output=True,
@@ -231,6 +231,18 @@ class LocalKafkaBroker:
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 chunks.append(f"--- {name} ---\n" + "\n".join(tail))
         return "\n".join(chunks) or "(no broker log yet)"
+
+
+def new_cluster_id() -> str:
+    """22-character base64url of 16 random bytes, never starting with '-'.
+
+    The storage tool's argument parser reads a leading '-' as an option (Kafka's
+    own ``random-uuid`` avoids such ids for the same reason).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
