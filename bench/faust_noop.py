@@ -15,6 +15,7 @@ from typing import Any
 
 import faust
 
+from fleetloop.worker import tune_gc
 from schemas.topics import TELEMETRY_TOPICS
 
 
@@ -52,6 +53,7 @@ def main() -> None:
     for spec in TELEMETRY_TOPICS:
         topic = app.topic(args.prefix + spec.name, value_type=bytes, key_type=bytes)
         app.agent(topic, name=f"noop.{spec.table}")(count)
+    tune_gc()  # the same runtime settings as the real worker
     faust.Worker(app, loglevel="error", quiet=True).execute_from_commandline()
 
 

@@ -22,18 +22,25 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from prometheus_client import CollectorRegistry
 
 from agents.publisher import KafkaPublisher
 from agents.simulated import SimulatedFleetAgent
 from fleetloop.kafka_broker import LocalKafkaBroker
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics
+from fleetloop.worker import tune_gc
 from schemas.base import Contract
 from schemas.codec import DecodeError, decode
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+from streams.clickhouse_store import open_store
+from streams.ingest import RawMessage, split
+from streams.rows import Coordinates
+from streams.sink import ClickHouseSink
 
 
 def _free_port() -> int:
@@ -43,8 +50,6 @@ def _free_port() -> int:
 
 
 def _events(count: int) -> list[tuple[TopicSpec, Contract]]:
-    from datetime import UTC, datetime
-
     agent = SimulatedFleetAgent(nodes=50, devices_per_node=8, seed=5, start=datetime.now(UTC))
     return agent.first(count)
 
@@ -60,7 +65,10 @@ async def _produce(bootstrap: str, prefix: str, events: list[tuple[TopicSpec, Co
     return len(events) / (time.perf_counter() - started)
 
 
-async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int]:
+async def _raw_loop(
+    bootstrap: str, prefix: str, total: int, sink: ClickHouseSink | None = None
+) -> tuple[float, int]:
+    """getmany + decode; with ``sink``, also the worker's ingest step and ClickHouse writes."""
     by_name = {prefix + spec.name: spec for spec in TELEMETRY_TOPICS}
     consumer = AIOKafkaConsumer(
         *by_name,
@@ -79,14 +87,28 @@ async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int
             batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
             if started is None and batches:
                 started = time.perf_counter()
+            now = datetime.now(UTC)
+            decoded: list[tuple[Contract, Coordinates]] = []
             for tp, records in batches.items():
                 spec = by_name[tp.topic]
+                if sink is not None:
+                    messages = [
+                        RawMessage(Coordinates(r.topic, r.partition, r.offset), r.key, r.value)
+                        for r in records
+                    ]
+                    result = split(messages, spec.value_type, now=now)
+                    decoded += [*result.valid, *result.dead]
+                    bad += len(result.dead)
+                    seen += len(records)
+                    continue
                 for record in records:
                     try:
                         decode(record.value, spec.value_type)
                     except DecodeError:
                         bad += 1
                     seen += 1
+            if sink is not None and decoded:
+                await sink.write(decoded, now=now)  # one insert per table per poll
         assert started is not None
         return seen / (time.perf_counter() - started), bad
     finally:
@@ -142,6 +164,10 @@ def _faust_noop_rate(bootstrap: str, prefix: str, total: int) -> float:
     return float(rates[0])
 
 
+def _line(label: str, rate: float, note: str = "") -> None:
+    print(f"{label:42}: {rate:10,.0f} events/s" + (f"  ({note})" if note else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -169,19 +195,31 @@ def main() -> None:
             mix = Counter(spec.name.split(".")[1] for spec, _ in events)
             print(f"pre-produced {len(events)} events ({dict(mix)}) at {produce_rate:,.0f}/s")
             raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, len(events)))
-            print(f"raw aiokafka getmany + decode : {raw_rate:12,.0f} events/s ({bad} invalid)")
+            _line("raw aiokafka getmany + decode (baseline)", raw_rate, f"{bad} invalid")
+            sink_rates: dict[str, float] = {}
+            for gc_mode in ("default", "tuned"):
+                if gc_mode == "tuned":
+                    tune_gc()  # as the worker does at start-up
+                store = open_store(
+                    url=None, data_dir=home / "raw-clickhouse", database=f"raw_{gc_mode}_gc"
+                )
+                store.apply_schema()
+                sink = ClickHouseSink(store, registry=CollectorRegistry())
+                rate, _ = asyncio.run(_raw_loop(bootstrap, prefix, len(events), sink))
+                sink_rates[gc_mode] = rate
+                _line(f"raw getmany + ingest + sink, gc {gc_mode}", rate, "the worker's steps")
             noop_rate = _faust_noop_rate(bootstrap, prefix, len(events))
-            print(
-                f"faust no-op processors        : {noop_rate:12,.0f} events/s (faust's own ceiling)"
-            )
+            _line("faust no-op processors", noop_rate, "faust's own ceiling")
             worker_rate, stored = _worker_rate(bootstrap, prefix, len(events), home / "worker")
+            _line("faust worker -> ClickHouse", worker_rate, f"{sum(stored.values())} rows")
+            print(f"ratio worker / raw baseline: {worker_rate / raw_rate:.3f}")
+            print(f"ratio faust no-op / raw baseline: {noop_rate / raw_rate:.3f}")
+            print(f"ratio worker / faust no-op: {worker_rate / noop_rate:.3f}")
+            print(f"ratio worker / raw + sink (gc tuned): {worker_rate / sink_rates['tuned']:.3f}")
             print(
-                f"faust worker -> ClickHouse    : {worker_rate:12,.0f} events/s "
-                f"(rows {sum(stored.values())})"
+                f"ratio gc tuned / gc default (raw + sink): "
+                f"{sink_rates['tuned'] / sink_rates['default']:.3f}"
             )
-            print(f"ratio worker / raw            : {worker_rate / raw_rate:12.3f}")
-            print(f"ratio faust no-op / raw       : {noop_rate / raw_rate:12.3f}")
-            print(f"ratio worker / faust no-op    : {worker_rate / noop_rate:12.3f}")
         finally:
             if broker is not None:
                 broker.down()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import os
 
 import faust
 
@@ -13,6 +15,18 @@ from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
 
 log = logging.getLogger(__name__)
+
+
+def tune_gc() -> None:
+    """Move start-up objects out of the collector's way and collect young objects less often.
+
+    A batch of decoded events is tens of thousands of live objects; with the
+    default thresholds every gen-2 collection walks them and everything faust
+    allocated at start-up. Measured in bench.ingest_throughput.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
@@ -38,6 +52,8 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)
+    if os.environ.get("FLEETLOOP_GC_TUNE", "1") == "1":
+        tune_gc()
     quiet = logging.getLevelName(loglevel.upper()) >= logging.WARNING
     worker = faust.Worker(app, loglevel=loglevel, quiet=quiet)
     try:

@@ -111,8 +111,13 @@ def _statements(text: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+_OPENED_HERE: set[Path] = set()  # chDB allows more handles on the path this process owns
+
+
 def _locked_by_another_process(data_dir: Path) -> bool:
     """ClickHouse holds an exclusive flock on ``<data_dir>/status`` while it runs."""
+    if data_dir.resolve() in _OPENED_HERE:
+        return False
     status = data_dir / "status"
     if not status.exists():
         return False
@@ -141,4 +146,5 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
     if _locked_by_another_process(data_dir):
         raise StoreLockedError(f"embedded ClickHouse at {data_dir} is owned by another process")
     client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
+    _OPENED_HERE.add(data_dir.resolve())
     return ClickHouseStore(client, database=database, data_dir=data_dir)
