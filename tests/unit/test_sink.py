@@ -153,3 +153,11 @@ def test_second_process_cannot_open_an_owned_data_dir(store: ClickHouseStore) ->
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "owned by another process" in proc.stdout
+
+
+def test_the_owning_process_can_open_more_handles(store: ClickHouseStore) -> None:
+    from streams.clickhouse_store import open_store
+
+    assert store.data_dir is not None
+    second = open_store(url=None, data_dir=store.data_dir, database=store.database)
+    assert second.query("SELECT 1").rows == [[1]]
