@@ -190,11 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
     sql.set_defaults(func=_cmd_sql)
 
     demo = sub.add_parser("demo", help="live demo on embedded defaults")
-    demo.add_argument("--keep-running", action="store_true", help="leave broker and worker up")
+    demo.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep the worker serving until Ctrl-C and leave the broker up",
+    )
     _add_settings_flags(demo, AgentSettings)
     for name in ("broker_dir", "jar_dir", "port", "controller_port"):
+        field = BrokerSettings.model_fields[name]
         demo.add_argument(
-            "--" + name.replace("_", "-"), dest=f"setting__{name}", default=argparse.SUPPRESS
+            "--" + name.replace("_", "-"),
+            dest=f"setting__{name}",
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"local broker: {field.description or f'(default: {field.default})'}",
         )
     demo.set_defaults(func=_cmd_demo)
     return parser

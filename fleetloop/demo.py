@@ -10,6 +10,7 @@ stops what it started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -173,11 +174,16 @@ def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_runn
                 ):
                     print("  " + line)
         if keep_running:
-            print(f"\n[demo] left running: try  fleetloop sql 'SELECT count() FROM {db}.demand'")
-            worker.wait()
+            print(
+                "\n[demo] the worker keeps serving; in another shell try\n"
+                f"  .venv/bin/fleetloop sql 'SELECT count() FROM {db}.demand'\n"
+                "[demo] Ctrl-C stops the worker; `fleetloop kafka down` stops the broker"
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                worker.wait()
         return 0
     finally:
-        if not keep_running or worker.poll() is None:
+        if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:
                 worker.wait(timeout=30)
