@@ -79,6 +79,8 @@ class WorkerSettings(ConnectionSettings):
     web_port: int = Field(6066, ge=1, le=65535, description="metrics, health and /sql")
     web_bind: str = Field("127.0.0.1", description="address the web port binds")
     commit_interval_s: float = Field(2.8, gt=0, description="Kafka offset commit interval")
-    batch_max: int = Field(10_000, ge=1, description="rows per ClickHouse insert at most")
+    batch_max: int = Field(
+        10_000, ge=1, le=100_000, description="rows per ClickHouse insert at most (one part)"
+    )
     batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -161,3 +162,19 @@ def test_the_owning_process_can_open_more_handles(store: ClickHouseStore) -> Non
     assert store.data_dir is not None
     second = open_store(url=None, data_dir=store.data_dir, database=store.database)
     assert second.query("SELECT 1").rows == [[1]]
+
+
+def test_a_batch_lands_in_one_partition_even_across_midnight(store: ClickHouseStore) -> None:
+    # One partition per insert means one part: all-or-nothing, which the watermarks rely on.
+    base = [r for r in _records(3000, "g.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
+    late = START.replace(hour=23, minute=59, second=59)
+    records = [
+        (v.model_copy(update={"observed_at": late + timedelta(seconds=i % 3)}), at)
+        for i, (v, at) in enumerate(base)
+    ]
+    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    days, partitions = store.query(
+        f"SELECT uniqExact(toDate(observed_at)), uniqExact(_partition_id) "
+        f"FROM {store.database}.accelerator_telemetry WHERE src_topic LIKE 'g.%'"
+    ).rows[0]
+    assert (days, partitions) == (2, 1)

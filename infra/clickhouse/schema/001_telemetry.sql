@@ -2,8 +2,13 @@
 -- (idempotent). ${database} is substituted by the store.
 -- Every row carries the Kafka coordinates it came from (src_*, or source_* for
 -- dead letters): the sink uses them as per-partition watermarks so a replay
--- after a crash adds no rows.
--- TTLs count from ingestion, so replayed historical traces are not dropped.
+-- after a crash adds no rows. That needs each insert to be all-or-nothing:
+-- tables are partitioned by ingestion time, which is one instant per batch,
+-- so a batch (at most 100k rows) is one block and lands as one part. A
+-- partition key on event time could split a batch that straddles midnight
+-- into two parts, and a crash between them would leave a gap the watermark
+-- hides. Queries on event time use the ordering key.
+-- TTLs count from ingestion too, so replayed historical traces are not dropped.
 
 CREATE TABLE IF NOT EXISTS ${database}.accelerator_telemetry
 (
@@ -44,7 +49,7 @@ CREATE TABLE IF NOT EXISTS ${database}.accelerator_telemetry
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMMDD(observed_at)
+PARTITION BY toYYYYMMDD(ingested_at)
 ORDER BY (node_id, device_uuid, observed_at)
 TTL toDateTime(ingested_at) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -74,7 +79,7 @@ CREATE TABLE IF NOT EXISTS ${database}.node_health
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMMDD(observed_at)
+PARTITION BY toYYYYMMDD(ingested_at)
 ORDER BY (node_id, observed_at)
 TTL toDateTime(ingested_at) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -100,7 +105,7 @@ CREATE TABLE IF NOT EXISTS ${database}.pdu_readings
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMMDD(observed_at)
+PARTITION BY toYYYYMMDD(ingested_at)
 ORDER BY (rack_id, pdu_id, observed_at)
 TTL toDateTime(ingested_at) + INTERVAL 90 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -133,7 +138,7 @@ CREATE TABLE IF NOT EXISTS ${database}.serving_metrics
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMMDD(observed_at)
+PARTITION BY toYYYYMMDD(ingested_at)
 ORDER BY (pool, model, replica_id, observed_at)
 TTL toDateTime(ingested_at) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -155,7 +160,7 @@ CREATE TABLE IF NOT EXISTS ${database}.demand
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMM(observed_at)
+PARTITION BY toYYYYMM(ingested_at)
 ORDER BY (model, region, observed_at)
 TTL toDateTime(ingested_at) + INTERVAL 180 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -174,7 +179,7 @@ CREATE TABLE IF NOT EXISTS ${database}.dead_letters
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMM(received_at)
+PARTITION BY toYYYYMM(ingested_at)
 ORDER BY (source_topic, error_kind, received_at)
 TTL toDateTime(ingested_at) + INTERVAL 90 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
