@@ -3,8 +3,9 @@
 Events go in as JSONEachRow: the validated model is re-serialised by pydantic
 (canonical: UTC instants, enums as values, nulls kept) and the row's Kafka
 coordinates and ingestion time are appended, so ClickHouse parses the batch
-natively instead of Python encoding it column by column (about 3x cheaper per
-row, measured in bench). Dead letters carry arbitrary bytes, which JSON cannot,
+natively instead of clickhouse-connect encoding every value in Python (on the
+development machine: about 144k rows/s against 65k rows/s for the simulated
+fleet's mix, dedup token included). Dead letters carry arbitrary bytes, which JSON cannot,
 so they go in as rows. Column names come from the models; a test checks the
 DDL in ``infra/clickhouse/schema`` agrees.
 """
