@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,13 +45,19 @@ class ConnectionSettings(_Base):
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "FLEETLOOP_KAFKA_BOOTSTRAP"),
         description="Kafka bootstrap servers, host:port[,host:port]",
     )
-    clickhouse_url: str | None = Field(
+    clickhouse_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("CLICKHOUSE_URL", "FLEETLOOP_CLICKHOUSE_URL"),
         description="ClickHouse server URL (http://user:pass@host:8123/db); embedded when unset",
     )
     clickhouse_dir: Path = Field(Path("var/clickhouse"), description="embedded chDB data dir")
     clickhouse_database: str = "fleetloop"
+
+    @property
+    def clickhouse_server_url(self) -> str | None:
+        """The server URL with its credentials (kept out of reprs and logs otherwise)."""
+        return None if self.clickhouse_url is None else self.clickhouse_url.get_secret_value()
+
     topic_prefix: str = Field("", description="prepended to every topic name (isolation)")
     query_url: str = Field(
         "http://127.0.0.1:6066",

@@ -42,9 +42,9 @@ def _via_owner(url: str, sql: str, timeout_s: float) -> QueryResult:
 
 def run_query(settings: ConnectionSettings, sql: str, *, timeout_s: float = 30.0) -> QueryResult:
     """Run ``sql`` wherever the data lives."""
-    if settings.clickhouse_url:
+    if settings.clickhouse_server_url:
         store = open_store(
-            url=settings.clickhouse_url,
+            url=settings.clickhouse_server_url,
             data_dir=settings.clickhouse_dir,
             database=settings.clickhouse_database,
         )

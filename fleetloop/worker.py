@@ -32,7 +32,7 @@ def tune_gc() -> None:
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     """Run one stream worker until SIGTERM/SIGINT."""
     store = open_store(
-        url=settings.clickhouse_url,
+        url=settings.clickhouse_server_url,
         data_dir=settings.clickhouse_dir,
         database=settings.clickhouse_database,
     )

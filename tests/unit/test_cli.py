@@ -57,3 +57,10 @@ def test_unreachable_kafka_is_a_clear_error_not_a_traceback(
     assert main(["topics", "create", "--kafka-bootstrap", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "Kafka error" in err and "Traceback" not in err and "fleetloop kafka up" in err
+
+
+def test_clickhouse_credentials_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLICKHOUSE_URL", "http://fleet:hunter2@ch:8123")
+    settings = WorkerSettings()
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
+    assert settings.clickhouse_server_url == "http://fleet:hunter2@ch:8123"
