@@ -3,20 +3,40 @@
 aiokafka's defaults (acks=1, no idempotence) can drop or duplicate events on a
 leader change; this producer uses ``acks='all'`` and idempotence. ``publish``
 returns once the event is queued; ``flush`` returns once every queued event is
-acknowledged by the broker, raising if any failed.
+acknowledged or, when the broker did not acknowledge it within
+``send_timeout_s``, is safe in the disk spool (without a spool, ``flush``
+raises). ``drain_spool`` sends spooled segments, oldest first, once the broker
+answers again.
+
+aiokafka retries buffered events forever while the broker is away, so a
+spooled segment whose events aiokafka still holds is insurance: it is deleted
+once those retries succeed and sent only if they fail or the agent restarts.
+Delivery is at least once (a restart can resend what aiokafka had delivered);
+nothing is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
+from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agents.spool import AppendReport, DiskSpool, SpooledRecord
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.topics import TopicSpec
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    """The broker did not acknowledge some events and there is no spool. Retriable."""
+
+    retriable = True
 
 
 class PublisherMetrics:
@@ -39,6 +59,24 @@ class PublisherMetrics:
             ["topic"],
             registry=registry,
         )
+        self.spooled = Counter(
+            "fleetloop_agent_spooled_events_total",
+            "Events written to the disk spool",
+            registry=registry,
+        )
+        self.respooled = Counter(
+            "fleetloop_agent_spool_drained_events_total",
+            "Spooled events later acknowledged by the broker",
+            registry=registry,
+        )
+        self.spool_dropped = Counter(
+            "fleetloop_agent_spool_dropped_events_total",
+            "Spooled events dropped because the spool was full (oldest first)",
+            registry=registry,
+        )
+        self.spool_bytes = Gauge(
+            "fleetloop_agent_spool_bytes", "Bytes waiting in the disk spool", registry=registry
+        )
 
 
 class KafkaPublisher:
@@ -50,12 +88,16 @@ class KafkaPublisher:
         *,
         topic_prefix: str = "",
         registry: CollectorRegistry | None = None,
+        spool: DiskSpool | None = None,
+        send_timeout_s: float = 30.0,
         linger_ms: int = 5,
         client_id: str = "fleetloop-agent",
         compression_type: str | None = None,
     ) -> None:
         self.topic_prefix = topic_prefix
         self.metrics = PublisherMetrics(registry or CollectorRegistry())
+        self.spool = spool
+        self.send_timeout_s = send_timeout_s
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             acks="all",
@@ -64,8 +106,12 @@ class KafkaPublisher:
             max_batch_size=256 * 1024,
             compression_type=compression_type,
             client_id=client_id,
+            request_timeout_ms=int(send_timeout_s * 1000),
         )
-        self._pending: list[tuple[str, int, asyncio.Future[object]]] = []
+        self._pending: list[tuple[SpooledRecord, asyncio.Future[object]]] = []
+        self._insured: dict[Path, list[asyncio.Future[object]]] = {}
+        if spool is not None:
+            self.metrics.spool_bytes.set(spool.bytes_used())
 
     async def __aenter__(self) -> KafkaPublisher:
         try:
@@ -80,7 +126,13 @@ class KafkaPublisher:
             if exc[0] is None:
                 await self.flush()
         finally:
-            await self._producer.stop()
+            try:  # stop() waits for aiokafka's buffer, which an absent broker never drains
+                await asyncio.wait_for(self._producer.stop(), timeout=self.send_timeout_s)
+            except TimeoutError:
+                log.warning(
+                    "producer did not stop within %gs; its unacknowledged events are in the spool",
+                    self.send_timeout_s,
+                )
 
     async def publish(self, spec: TopicSpec, value: Contract) -> None:
         """Queue one event on its topic, keyed by the registry's key fields."""
@@ -88,9 +140,11 @@ class KafkaPublisher:
 
     async def publish_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Queue raw bytes (tests use this for malformed input)."""
-        name = self.topic_prefix + topic
-        future = await self._producer.send(name, value=value, key=key)
-        self._pending.append((name, len(value), future))
+        await self._send(SpooledRecord(self.topic_prefix + topic, key, value))
+
+    async def _send(self, record: SpooledRecord) -> None:
+        future = await self._producer.send(record.topic, value=record.value, key=record.key)
+        self._pending.append((record, future))
 
     async def publish_all(self, events: Iterable[tuple[TopicSpec, Contract]]) -> int:
         count = 0
@@ -99,20 +153,122 @@ class KafkaPublisher:
             count += 1
         return count
 
+    async def _settle(self, futures: list[asyncio.Future[object]]) -> list[object]:
+        """Outcomes of ``futures``; an exception for any not acknowledged in time.
+
+        aiokafka retries a batch for a known leader forever, so an unreachable
+        broker never fails the future: the deadline is ours.
+        """
+        if not futures:
+            return []
+        await asyncio.wait(futures, timeout=self.send_timeout_s)
+        timeout = TimeoutError(f"no acknowledgement within {self.send_timeout_s:g}s")
+        return [
+            (f.exception() or f.result()) if f.done() and not f.cancelled() else timeout
+            for f in futures
+        ]
+
     async def flush(self) -> int:
-        """Wait for every queued event; return how many were acknowledged."""
+        """Wait for every queued event; return how many the broker acknowledged."""
         pending, self._pending = self._pending, []
-        results = await asyncio.gather(*(f for _, _, f in pending), return_exceptions=True)
-        failures: list[BaseException] = []
-        for (topic, size, _), outcome in zip(pending, results, strict=True):
+        results = await self._settle([f for _, f in pending])
+        failed: list[SpooledRecord] = []
+        in_flight: list[asyncio.Future[object]] = []
+        first_error: BaseException | None = None
+        for (record, future), outcome in zip(pending, results, strict=True):
             if isinstance(outcome, BaseException):
-                self.metrics.errors.labels(topic).inc()
-                failures.append(outcome)
+                self.metrics.errors.labels(record.topic).inc()
+                failed.append(record)
+                first_error = first_error or outcome
+                if not future.done():
+                    in_flight.append(future)
             else:
-                self.metrics.published.labels(topic).inc()
-                self.metrics.bytes.labels(topic).inc(size)
-        if failures:
-            raise RuntimeError(
-                f"{len(failures)} of {len(pending)} events not acknowledged: {failures[0]!r}"
+                self.metrics.published.labels(record.topic).inc()
+                self.metrics.bytes.labels(record.topic).inc(len(record.value))
+        if failed:
+            if self.spool is None:
+                raise PublishError(
+                    f"{len(failed)} of {len(pending)} events not acknowledged: {first_error!r}"
+                )
+            report = self._spool(failed)
+            if report.segment is not None and len(in_flight) == len(failed):
+                # aiokafka still holds every one of them and will retry: the segment is
+                # insurance, resent only if those retries fail or this process dies.
+                self._insured[report.segment] = in_flight
+            log.warning(
+                "broker did not acknowledge %d events (%r): spooled", len(failed), first_error
             )
-        return len(pending)
+        return len(pending) - len(failed)
+
+    @property
+    def backlog(self) -> bool:
+        """True while spooled events wait for the broker."""
+        return self.spool is not None and bool(self.spool.segments())
+
+    def spool_now(self, events: Iterable[tuple[TopicSpec, Contract]]) -> int:
+        """Spool events without trying the broker (it just failed us); keeps their order."""
+        if self.spool is None:
+            raise PublishError("no spool configured")
+        records = [
+            SpooledRecord(self.topic_prefix + spec.name, spec.key_for(value), encode(value))
+            for spec, value in events
+        ]
+        return self._spool(records).written
+
+    def _spool(self, records: list[SpooledRecord]) -> AppendReport:
+        assert self.spool is not None
+        report = self.spool.append(records)
+        self.metrics.spooled.inc(report.written)
+        self.metrics.spool_dropped.inc(report.dropped_records)
+        self.metrics.spool_bytes.set(self.spool.bytes_used())
+        return report
+
+    def _settle_insured(self, segment: Path) -> bool | None:
+        """For an insured segment: True when aiokafka delivered it all, False when a retry
+        failed (the segment must be sent), None while retries are still in flight."""
+        futures = self._insured[segment]
+        if not all(f.done() for f in futures):
+            return None
+        del self._insured[segment]
+        return all(not f.cancelled() and f.exception() is None for f in futures)
+
+    async def drain_spool(self) -> int:
+        """Send spooled segments oldest first; stop at the first that fails. Return sent.
+
+        A segment whose events aiokafka is still retrying is not sent again (that
+        would only queue copies behind them); draining waits until those retries
+        end, and deletes the segment if they succeeded.
+        """
+        if self.spool is None:
+            return 0
+        sent = 0
+        for segment in self.spool.segments():
+            records = self.spool.load(segment)
+            if segment in self._insured:
+                delivered = self._settle_insured(segment)
+                if delivered is None:
+                    break  # the broker has not answered aiokafka's retries yet
+                if delivered:
+                    self.spool.remove(segment)
+                    self._count_drained(records)
+                    sent += len(records)
+                    continue
+            futures = [
+                await self._producer.send(r.topic, value=r.value, key=r.key) for r in records
+            ]
+            results = await self._settle(futures)
+            if any(isinstance(r, BaseException) for r in results):
+                if all(not f.done() for f in futures):
+                    self._insured[segment] = futures
+                break  # keep the segment; it is sent whole again later (at least once)
+            self.spool.remove(segment)
+            self._count_drained(records)
+            sent += len(records)
+        self.metrics.spool_bytes.set(self.spool.bytes_used())
+        return sent
+
+    def _count_drained(self, records: list[SpooledRecord]) -> None:
+        for record in records:
+            self.metrics.published.labels(record.topic).inc()
+            self.metrics.bytes.labels(record.topic).inc(len(record.value))
+        self.metrics.respooled.inc(len(records))

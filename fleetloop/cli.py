@@ -92,6 +92,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from agents.publisher import KafkaPublisher
     from agents.runner import run_agent
     from agents.simulated import SimulatedFleetAgent
+    from agents.spool import DiskSpool
 
     settings = _settings(AgentSettings, args)
     registry = CollectorRegistry()
@@ -106,8 +107,17 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
+        spool = (
+            DiskSpool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+            if settings.spool_dir is not None
+            else None
+        )
         async with KafkaPublisher(
-            settings.kafka_bootstrap, topic_prefix=settings.topic_prefix, registry=registry
+            settings.kafka_bootstrap,
+            topic_prefix=settings.topic_prefix,
+            registry=registry,
+            spool=spool,
+            send_timeout_s=settings.send_timeout_s,
         ) as publisher:
             return await run_agent(
                 agent,

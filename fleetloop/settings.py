@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +75,17 @@ class AgentSettings(ConnectionSettings):
     seed: int = 7
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
     metrics_bind: str = Field("127.0.0.1", description="address the metrics port binds")
+    spool_dir: Path | None = Field(
+        Path("var/spool"),
+        description="disk spool for events the broker did not acknowledge ('' disables it)",
+    )
+    spool_max_bytes: int = Field(256 * 1024**2, gt=0, description="spool bound; oldest dropped")
+    send_timeout_s: float = Field(10.0, gt=0, description="wait this long for an ack, then spool")
+
+    @field_validator("spool_dir", mode="before")
+    @classmethod
+    def _empty_disables_spool(cls, value: object) -> object:
+        return None if value in ("", "none") else value
 
 
 class WorkerSettings(ConnectionSettings):
