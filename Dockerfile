@@ -9,6 +9,7 @@ COPY agents ./agents
 COPY streams ./streams
 COPY fleetloop ./fleetloop
 COPY infra ./infra
-RUN pip install --no-compile . && useradd --create-home fleetloop
+RUN pip install --no-compile . && useradd --create-home fleetloop \
+    && install -d -o fleetloop /home/fleetloop/spool
 USER fleetloop
 ENTRYPOINT ["fleetloop"]
