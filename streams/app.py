@@ -172,7 +172,7 @@ def _add_ingest(
                 errors.inc()
                 on_fatal(processor, exc)
 
-    ingest.__name__ = f"ingest_{spec.table}"
+    ingest.__name__ = ingest.__qualname__ = processor  # what faust logs
     app.agent(source, name=processor, concurrency=1)(ingest)
 
 
