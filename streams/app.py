@@ -185,7 +185,12 @@ def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegist
 
     @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
-        return web.json({"status": "ok"})
+        """200 when ClickHouse answers; 503 with the reason otherwise."""
+        try:
+            await asyncio.wait_for(store.run(store.query, "SELECT 1"), timeout=5.0)
+        except Exception as exc:
+            return web.json({"status": "unhealthy", "clickhouse": repr(exc)[:500]}, status=503)
+        return web.json({"status": "ok", "clickhouse": "ok"})
 
     @app.page("/sql")
     class SqlView(faust.web.View):
