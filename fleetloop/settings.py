@@ -48,7 +48,7 @@ class ConnectionSettings(_Base):
     clickhouse_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("CLICKHOUSE_URL", "FLEETLOOP_CLICKHOUSE_URL"),
-        description="ClickHouse server URL (http://user:pass@host:8123/db); embedded when unset",
+        description="ClickHouse server URL (http://user:pass@host:8123); embedded when unset",
     )
     clickhouse_dir: Path = Field(Path("var/clickhouse"), description="embedded chDB data dir")
     clickhouse_database: str = "fleetloop"
