@@ -1,0 +1,1 @@
+"""Executors: turn commands into actions and account for every one of them."""

@@ -1,0 +1,149 @@
+"""Admission of a command at an executor, and the result for every command.
+
+Checks run in a fixed order: the signature first (a forged command must not
+enter the replay memory), then expiry, then replay. An admitted command goes
+to the actuator; whatever happens, the executor gets back exactly one
+:class:`~schemas.commands.CommandResult`.
+
+Pure: time is an argument, ids come from an injected factory, no IO.
+
+Example::
+
+    gate = CommandGate(keys={"k1": secret})
+    result = execute(command, gate=gate, actuator=router, executor="router-0",
+                     received_at=now, now=now, new_id=uuid.uuid4)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, TypeVar
+from uuid import UUID
+
+from schemas.commands import Command, CommandResult, ResultStatus
+from schemas.signing import verify
+
+C_contra = TypeVar("C_contra", bound=Command, contravariant=True)
+
+
+class TransientActuatorError(RuntimeError):
+    """The action may succeed if retried after ``retry_after_s``."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentActuatorError(RuntimeError):
+    """The action cannot succeed as asked (unknown target, value out of range...)."""
+
+    retriable = False
+
+
+class Actuator(Protocol[C_contra]):
+    """Does what a command says; returns a one-line detail for the result."""
+
+    def apply(self, command: C_contra, *, now: datetime) -> str: ...
+
+
+@dataclass(slots=True)
+class SeenCommands:
+    """Ids of commands already handled, each kept until its command expires.
+
+    An expired command is refused before the replay check, so forgetting an id
+    after its ``expires_at`` never lets a replay through; memory stays bounded
+    by the commands alive at once. Serialisable, so an executor can keep it
+    across restarts.
+    """
+
+    until: dict[UUID, datetime] = field(default_factory=dict)
+
+    def __contains__(self, command_id: object) -> bool:
+        return command_id in self.until
+
+    def remember(self, command: Command) -> None:
+        self.until[command.command_id] = command.expires_at
+
+    def prune(self, now: datetime) -> int:
+        gone = [cid for cid, expires_at in self.until.items() if expires_at <= now]
+        for cid in gone:
+            del self.until[cid]
+        return len(gone)
+
+    def to_json(self) -> str:
+        return json.dumps({str(k): v.isoformat() for k, v in self.until.items()}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SeenCommands:
+        return cls({UUID(k): datetime.fromisoformat(v) for k, v in json.loads(text).items()})
+
+
+class CommandGate:
+    """Signature, expiry and replay checks, in that order."""
+
+    def __init__(self, *, keys: Mapping[str, bytes], seen: SeenCommands | None = None) -> None:
+        if not keys:
+            raise ValueError("an executor needs at least one verification key")
+        self.keys = dict(keys)
+        self.seen = seen if seen is not None else SeenCommands()
+
+    def refuse(self, command: Command, *, now: datetime) -> tuple[ResultStatus, str] | None:
+        """Why ``command`` must not run, or None when it may."""
+        if not verify(command, keys=self.keys):
+            known = command.key_id in self.keys
+            why = "signature does not match" if known else f"unknown key id {command.key_id!r}"
+            return ResultStatus.BAD_SIGNATURE, why
+        if now >= command.expires_at:
+            late_s = (now - command.expires_at).total_seconds()
+            return ResultStatus.EXPIRED, f"expired {late_s:.3f}s before it arrived"
+        if command.command_id in self.seen:
+            return ResultStatus.DUPLICATE, "already handled; not applied again"
+        return None
+
+
+def execute(
+    command: C_contra,
+    *,
+    gate: CommandGate,
+    actuator: Actuator[C_contra],
+    executor: str,
+    received_at: datetime,
+    now: datetime,
+    new_id: Callable[[], UUID],
+) -> CommandResult:
+    """Gate, act and account: exactly one result per command, never an exception."""
+    status: ResultStatus
+    retry_after_s: float | None = None
+    refusal = gate.refuse(command, now=now)
+    if refusal is not None:
+        status, detail = refusal
+    else:
+        try:
+            detail = actuator.apply(command, now=now)
+            status = ResultStatus.APPLIED
+            gate.seen.remember(command)
+        except TransientActuatorError as exc:
+            status, detail, retry_after_s = (
+                ResultStatus.FAILED_TRANSIENT,
+                str(exc),
+                exc.retry_after_s,
+            )
+        except Exception as exc:  # permanent, or a bug in the actuator: still one result
+            status, detail = ResultStatus.FAILED_PERMANENT, f"{type(exc).__name__}: {exc}"
+            gate.seen.remember(command)  # retrying the same command cannot help
+    return CommandResult(
+        result_id=new_id(),
+        command_id=command.command_id,
+        command_type=type(command).__name__,
+        executor=executor,
+        status=status,
+        detail=detail[:1024],
+        received_at=received_at,
+        completed_at=now,
+        retry_after_s=retry_after_s,
+    )

@@ -1,0 +1,136 @@
+"""Every command an executor receives gets exactly one result, for every reason."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+
+from agents.executors.gate import (
+    CommandGate,
+    PermanentActuatorError,
+    SeenCommands,
+    TransientActuatorError,
+    execute,
+)
+from schemas.commands import ResultStatus, RouteAction, RouteCommand, Target
+from schemas.signing import sign
+from tests.factories import START
+
+KEYS = {"k-old": b"old-secret", "k-new": b"new-secret"}
+
+
+def _command(*, ttl_s: float = 30.0, key_id: str = "k-new", n: int = 1) -> RouteCommand:
+    unsigned = RouteCommand(
+        command_id=uuid.UUID(int=n),
+        issued_at=START,
+        expires_at=START + timedelta(seconds=ttl_s),
+        issuer="health",
+        target=Target(node_id="node-1", device_uuid="node-1-gpu0"),
+        reason="xid_fatal",
+        action=RouteAction.DRAIN,
+    )
+    return sign(unsigned, key_id=key_id, key=KEYS.get(key_id, b"attacker"))
+
+
+class Recorder:
+    """An actuator that records what it was asked to do, and can be told to fail."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.applied: list[uuid.UUID] = []
+        self.fail = fail
+
+    def apply(self, command: RouteCommand, *, now: datetime) -> str:
+        if self.fail is not None:
+            raise self.fail
+        self.applied.append(command.command_id)
+        return f"{command.action.value} {command.target}"
+
+
+def _run(command: RouteCommand, gate: CommandGate, actuator: Recorder, at_s: float = 1.0):  # type: ignore[no-untyped-def]
+    now = START + timedelta(seconds=at_s)
+    return execute(
+        command,
+        gate=gate,
+        actuator=actuator,
+        executor="node-exec",
+        received_at=now,
+        now=now,
+        new_id=uuid.uuid4,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "at_s", "status", "detail"),
+    [
+        (_command(), 1.0, ResultStatus.APPLIED, "drain node-1"),
+        (_command(key_id="k-old"), 1.0, ResultStatus.APPLIED, "drain"),  # keys rotate
+        (_command(key_id="k-forged"), 1.0, ResultStatus.BAD_SIGNATURE, "unknown key id"),
+        (
+            _command().model_copy(update={"action": RouteAction.QUARANTINE}),
+            1.0,
+            ResultStatus.BAD_SIGNATURE,
+            "does not match",
+        ),
+        (_command(ttl_s=5), 6.0, ResultStatus.EXPIRED, "expired 1.000s"),
+        (_command(ttl_s=5), 5.0, ResultStatus.EXPIRED, "expired 0.000s"),  # the boundary
+    ],
+)
+def test_one_command_one_result(
+    command: RouteCommand, at_s: float, status: ResultStatus, detail: str
+) -> None:
+    actuator = Recorder()
+    result = _run(command, CommandGate(keys=KEYS), actuator, at_s)
+    assert result.status is status
+    assert detail in result.detail
+    assert result.command_id == command.command_id and result.executor == "node-exec"
+    assert actuator.applied == ([command.command_id] if status is ResultStatus.APPLIED else [])
+
+
+def test_a_replayed_command_is_applied_once() -> None:
+    gate, actuator = CommandGate(keys=KEYS), Recorder()
+    first, again = _run(_command(), gate, actuator), _run(_command(), gate, actuator, at_s=2.0)
+    assert (first.status, again.status) == (ResultStatus.APPLIED, ResultStatus.DUPLICATE)
+    assert actuator.applied == [uuid.UUID(int=1)]
+
+
+def test_a_forged_copy_cannot_block_the_real_command() -> None:
+    gate, actuator = CommandGate(keys=KEYS), Recorder()
+    forged = _command(key_id="k-forged")
+    assert _run(forged, gate, actuator).status is ResultStatus.BAD_SIGNATURE
+    assert _run(_command(), gate, actuator).status is ResultStatus.APPLIED
+
+
+def test_transient_failures_can_be_retried_permanent_ones_cannot() -> None:
+    gate = CommandGate(keys=KEYS)
+    flaky = Recorder(fail=TransientActuatorError("NVML busy", retry_after_s=2.5))
+    result = _run(_command(n=7), gate, flaky)
+    assert (result.status, result.retry_after_s) == (ResultStatus.FAILED_TRANSIENT, 2.5)
+    assert _run(_command(n=7), gate, Recorder()).status is ResultStatus.APPLIED
+    broken = Recorder(fail=PermanentActuatorError("no such device"))
+    assert _run(_command(n=8), gate, broken).status is ResultStatus.FAILED_PERMANENT
+    assert _run(_command(n=8), gate, Recorder()).status is ResultStatus.DUPLICATE
+
+
+def test_a_buggy_actuator_still_yields_a_result() -> None:
+    result = _run(_command(), CommandGate(keys=KEYS), Recorder(fail=KeyError("boom")))
+    assert result.status is ResultStatus.FAILED_PERMANENT
+    assert "KeyError" in result.detail
+
+
+def test_replay_memory_is_bounded_by_expiry_and_survives_a_restart() -> None:
+    gate, actuator = CommandGate(keys=KEYS), Recorder()
+    for n in range(1, 4):
+        _run(_command(n=n, ttl_s=10 * n), gate, actuator)
+    assert gate.seen.prune(START + timedelta(seconds=15)) == 1  # command 1 expired at 10 s
+    restored = CommandGate(keys=KEYS, seen=SeenCommands.from_json(gate.seen.to_json()))
+    assert _run(_command(n=2, ttl_s=20), restored, actuator, at_s=16).status is (
+        ResultStatus.DUPLICATE
+    )
+    assert len(restored.seen.until) == 2
+
+
+def test_an_executor_without_keys_is_refused() -> None:
+    with pytest.raises(ValueError, match="key"):
+        CommandGate(keys={})
