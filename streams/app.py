@@ -2,8 +2,8 @@
 
 Each processor is thin: take a batch of events, split it into valid events and
 dead letters (pure), publish dead letters to ``<topic>.dlq``, write both to
-ClickHouse, count. faust acks the batch only after the loop body returns, so
-offsets are committed after ClickHouse holds the rows.
+ClickHouse, count, and only then ack the batch, so faust commits offsets only
+for rows ClickHouse holds.
 """
 
 from __future__ import annotations
@@ -165,12 +165,17 @@ def _add_ingest(
     errors = m.errors.labels(processor)
 
     async def ingest(stream: Any) -> None:
-        async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
+        # noack_take, not take_events: take_events acks a batch in a finally block, so a
+        # shutdown that cancels us mid-write would ack (and faust commit) rows never written.
+        async for events in stream.noack_take(config.batch_max, within=config.batch_within_s):
             try:
                 await handle(events)
             except Exception as exc:
                 errors.inc()
                 on_fatal(processor, exc)
+                raise  # on_fatal ends the process; if it ever returns, never ack this batch
+            for event in events:  # only now may faust commit these offsets
+                await stream.ack(event)
 
     ingest.__name__ = ingest.__qualname__ = processor  # what faust logs
     app.agent(source, name=processor, concurrency=1)(ingest)

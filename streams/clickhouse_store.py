@@ -12,7 +12,7 @@ import asyncio
 import fcntl
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from string import Template
@@ -41,10 +41,19 @@ class QueryResult:
 class ClickHouseStore:
     """A ClickHouse client bound to one database, with its DDL applied."""
 
-    def __init__(self, client: Client, *, database: str, data_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        database: str,
+        data_dir: Path | None = None,
+        open_reader: Callable[[], Client] | None = None,
+    ) -> None:
         if not _IDENT.match(database):
             raise ValueError(f"bad database name {database!r}")
         self.client = client
+        self._open_reader = open_reader
+        self._reader: Client | None = None
         self.database = database
         self.data_dir = data_dir
         self.embedded = data_dir is not None
@@ -69,10 +78,22 @@ class ClickHouseStore:
             self.client.command(sql)
 
     def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        settings = {"readonly": 1} if readonly else {}
+        """Run ``sql``; ``readonly`` queries (anyone's SQL) go to a separate read-only session.
+
+        A per-query ``readonly`` setting is not enough: after a refused statement
+        chDB leaves the session read-only, which would stop the sink's inserts.
+        """
         with self._lock:
-            result = self.client.query(sql, settings=settings)
+            client = self._reader_client() if readonly else self.client
+            result = client.query(sql)
         return QueryResult(result.column_names, result.result_rows)
+
+    def _reader_client(self) -> Client:
+        if self._reader is None:
+            if self._open_reader is None:
+                raise RuntimeError("this store has no read-only session")
+            self._reader = self._open_reader()
+        return self._reader
 
     def insert(
         self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *, token: str
@@ -104,6 +125,8 @@ class ClickHouseStore:
         self._executor.shutdown(wait=True)
         with self._lock:
             self.client.close()
+            if self._reader is not None:
+                self._reader.close()
 
 
 def _statements(text: str) -> list[str]:
@@ -134,17 +157,29 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
     """Open a server (``url``) or the embedded engine at ``data_dir``."""
     if url:
         parts = urlparse(url)
-        client = clickhouse_connect.get_client(
-            host=parts.hostname or "localhost",
-            port=parts.port or (8443 if parts.scheme == "https" else 8123),
-            username=parts.username or "default",
-            password=parts.password or "",
-            secure=parts.scheme == "https",
+
+        def server_client(**settings: Any) -> Client:
+            return clickhouse_connect.get_client(
+                host=parts.hostname or "localhost",
+                port=parts.port or (8443 if parts.scheme == "https" else 8123),
+                username=parts.username or "default",
+                password=parts.password or "",
+                secure=parts.scheme == "https",
+                settings=settings,
+            )
+
+        return ClickHouseStore(
+            server_client(), database=database, open_reader=lambda: server_client(readonly=1)
         )
-        return ClickHouseStore(client, database=database)
     data_dir.mkdir(parents=True, exist_ok=True)
     if _locked_by_another_process(data_dir):
         raise StoreLockedError(f"embedded ClickHouse at {data_dir} is owned by another process")
     client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
     _OPENED_HERE.add(data_dir.resolve())
-    return ClickHouseStore(client, database=database, data_dir=data_dir)
+
+    def reader() -> Client:  # its own session, read-only from the start
+        return clickhouse_connect.get_client(
+            interface="chdb", path=str(data_dir), settings={"readonly": 1}
+        )
+
+    return ClickHouseStore(client, database=database, data_dir=data_dir, open_reader=reader)

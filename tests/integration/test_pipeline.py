@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +66,22 @@ def _wait_for(
             return _counts(worker)
         time.sleep(0.5)
     raise AssertionError(f"timed out at {counts}\n{worker.log_tail()}")
+
+
+def _stop_mid_stream(
+    worker: WorkerProcess, *, above: int, how: Callable[[WorkerProcess], None]
+) -> int:
+    """Stop ``worker`` (``how``) as soon as ClickHouse holds more than ``above`` events."""
+    stored = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        counts = _counts(worker)
+        stored = sum(c for t, (c, _) in counts.items() if t != "dead_letters")
+        if stored > above:
+            break
+        time.sleep(0.05)
+    how(worker)
+    return stored
 
 
 def _expected(events: list) -> Counter[str]:  # type: ignore[type-arg]
@@ -129,15 +145,7 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         more = fleet_events(20_000, seed=2)
         more_bad = malformed_payloads(150)[100:]
         asyncio.run(_publish(kafka_bootstrap, topic_prefix, more, more_bad))
-        at_kill = 0
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            counts = _counts(worker)
-            at_kill = sum(c for t, (c, _) in counts.items() if t != "dead_letters")
-            if at_kill > 12_000:
-                break
-            time.sleep(0.05)
-        worker.kill()
+        at_kill = _stop_mid_stream(worker, above=12_000, how=WorkerProcess.kill)
         assert 12_000 < at_kill < 30_000, f"kill did not land mid-stream: {at_kill} rows"
 
         restarted = WorkerProcess(
@@ -188,6 +196,26 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         )
         assert out.returncode == 1 and "readonly" in out.stderr.lower()
         assert _counts(restarted)["dead_letters"] == (150, 150)
+
+        # Phase 3: a graceful stop (SIGTERM) mid-stream must not commit unwritten rows either.
+        last = fleet_events(20_000, seed=3)
+        asyncio.run(_publish(kafka_bootstrap, topic_prefix, last, []))
+        at_term = _stop_mid_stream(restarted, above=32_000, how=WorkerProcess.stop)
+        assert 32_000 < at_term < 50_000, f"SIGTERM did not land mid-stream: {at_term} rows"
+        third = WorkerProcess(
+            bootstrap=kafka_bootstrap,
+            prefix=topic_prefix,
+            home=worker_home,
+            web_port=port,
+            extra=opts,
+        ).start()
+        try:
+            counts = _wait_for(third, 50_000, 150)
+            for table, n in (expected + _expected(last)).items():
+                assert counts[table] == (n, n), (table, counts[table], n)
+            print(f"SIGTERM at {at_term} stored rows; 50,000 exact after restart")
+        finally:
+            third.stop()
     finally:
         worker.stop()
         if restarted is not None:

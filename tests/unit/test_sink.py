@@ -178,3 +178,15 @@ def test_a_batch_lands_in_one_partition_even_across_midnight(store: ClickHouseSt
         f"FROM {store.database}.accelerator_telemetry WHERE src_topic LIKE 'g.%'"
     ).rows[0]
     assert (days, partitions) == (2, 1)
+
+
+def test_a_refused_read_only_statement_does_not_stop_the_sink(store: ClickHouseStore) -> None:
+    # chDB leaves a session read-only after a refused statement; /sql must not share the
+    # sink's session (this stopped a worker once: its next insert was refused).
+    with pytest.raises(Exception, match=r"(?i)readonly"):
+        store.query(f"TRUNCATE TABLE {store.database}.demand", readonly=True)
+    assert store.query(f"SELECT count() > -1 FROM {store.database}.demand", readonly=True).rows
+    records = [r for r in _records(400, "h.") if type(r[0]).__name__ == "Demand"]
+    assert asyncio.run(
+        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START)
+    ) == len(records)
