@@ -119,9 +119,17 @@ def test_exactly_once_into_clickhouse_across_sigkill(
     asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
     port = free_port()
     opts = ("--batch-max", "250", "--batch-within-s", "0.2", "--commit-interval-s", "5")
-    worker = WorkerProcess(
-        bootstrap=kafka_bootstrap, prefix=topic_prefix, home=worker_home, web_port=port, extra=opts
-    ).start()
+
+    def start_worker() -> WorkerProcess:  # same group, same data: a restart
+        return WorkerProcess(
+            bootstrap=kafka_bootstrap,
+            prefix=topic_prefix,
+            home=worker_home,
+            web_port=port,
+            extra=opts,
+        ).start()
+
+    worker = start_worker()
     restarted: WorkerProcess | None = None
     try:
         # Phase 1: 10,000 events of all five families + 100 malformed messages.
@@ -148,13 +156,7 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         at_kill = _stop_mid_stream(worker, above=12_000, how=WorkerProcess.kill)
         assert 12_000 < at_kill < 30_000, f"kill did not land mid-stream: {at_kill} rows"
 
-        restarted = WorkerProcess(
-            bootstrap=kafka_bootstrap,
-            prefix=topic_prefix,
-            home=worker_home,
-            web_port=port,
-            extra=opts,
-        ).start()
+        restarted = start_worker()
         counts = _wait_for(restarted, 30_000, 150)
         expected = _expected(events) + _expected(more)
         for table, n in expected.items():
@@ -202,13 +204,7 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         asyncio.run(_publish(kafka_bootstrap, topic_prefix, last, []))
         at_term = _stop_mid_stream(restarted, above=32_000, how=WorkerProcess.stop)
         assert 32_000 < at_term < 50_000, f"SIGTERM did not land mid-stream: {at_term} rows"
-        third = WorkerProcess(
-            bootstrap=kafka_bootstrap,
-            prefix=topic_prefix,
-            home=worker_home,
-            web_port=port,
-            extra=opts,
-        ).start()
+        third = start_worker()
         try:
             counts = _wait_for(third, 50_000, 150)
             for table, n in (expected + _expected(last)).items():
