@@ -41,7 +41,9 @@ def main() -> None:
     started: list[float] = []
 
     async def count(stream: Any) -> None:
-        async for events in stream.take_events(10_000, within=0.5):
+        async for events in stream.noack_take(10_000, within=0.5):  # as the worker
+            for event in events:
+                await stream.ack(event)
             if not started:
                 started.append(time.perf_counter())
             seen["n"] += len(events)
