@@ -26,6 +26,16 @@ SCHEMA_DIR = Path(__file__).resolve().parents[1] / "infra" / "clickhouse" / "sch
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+READER_SETTINGS: dict[str, Any] = {
+    # Anyone's SQL: bound what one query may return and how long it may run. The
+    # session is SET in this order, and readonly must come last (it freezes the rest).
+    "max_result_rows": 100_000,
+    "result_overflow_mode": "throw",
+    "max_execution_time": 60,
+    "readonly": 1,
+}
+
+
 class StoreLockedError(RuntimeError):
     """The embedded data directory is owned by another process (ask that one)."""
 
@@ -177,9 +187,9 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
     client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
     _OPENED_HERE.add(data_dir.resolve())
 
-    def reader() -> Client:  # its own session, read-only from the start
+    def reader() -> Client:  # its own session, bounded, read-only from the start
         return clickhouse_connect.get_client(
-            interface="chdb", path=str(data_dir), settings={"readonly": 1}
+            interface="chdb", path=str(data_dir), settings=READER_SETTINGS
         )
 
     return ClickHouseStore(client, database=database, data_dir=data_dir, open_reader=reader)

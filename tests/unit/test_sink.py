@@ -190,3 +190,9 @@ def test_a_refused_read_only_statement_does_not_stop_the_sink(store: ClickHouseS
     assert asyncio.run(
         ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START)
     ) == len(records)
+
+
+def test_read_only_queries_are_bounded(store: ClickHouseStore) -> None:
+    assert store.query("SELECT count() FROM numbers(200000)", readonly=True).rows == [[200000]]
+    with pytest.raises(Exception, match=r"(?i)limit for result exceeded"):
+        store.query("SELECT number FROM numbers(200000)", readonly=True)
