@@ -134,9 +134,13 @@ class KafkaPublisher:
                     self.send_timeout_s,
                 )
 
+    def _record(self, spec: TopicSpec, value: Contract) -> SpooledRecord:
+        """The message for ``value``: its topic, keyed by the registry's key fields."""
+        return SpooledRecord(self.topic_prefix + spec.name, spec.key_for(value), encode(value))
+
     async def publish(self, spec: TopicSpec, value: Contract) -> None:
         """Queue one event on its topic, keyed by the registry's key fields."""
-        await self.publish_raw(spec.name, spec.key_for(value), encode(value))
+        await self._send(self._record(spec, value))
 
     async def publish_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Queue raw bytes (tests use this for malformed input)."""
@@ -183,8 +187,7 @@ class KafkaPublisher:
                 if not future.done():
                     in_flight.append(future)
             else:
-                self.metrics.published.labels(record.topic).inc()
-                self.metrics.bytes.labels(record.topic).inc(len(record.value))
+                self._count_acked(record)
         if failed:
             if self.spool is None:
                 raise PublishError(
@@ -209,11 +212,7 @@ class KafkaPublisher:
         """Spool events without trying the broker (it just failed us); keeps their order."""
         if self.spool is None:
             raise PublishError("no spool configured")
-        records = [
-            SpooledRecord(self.topic_prefix + spec.name, spec.key_for(value), encode(value))
-            for spec, value in events
-        ]
-        return self._spool(records).written
+        return self._spool([self._record(spec, value) for spec, value in events]).written
 
     def _spool(self, records: list[SpooledRecord]) -> AppendReport:
         assert self.spool is not None
@@ -243,16 +242,15 @@ class KafkaPublisher:
             return 0
         sent = 0
         for segment in self.spool.segments():
+            delivered = self._settle_insured(segment) if segment in self._insured else False
+            if delivered is None:
+                break  # the broker has not answered aiokafka's retries yet
             records = self.spool.load(segment)
-            if segment in self._insured:
-                delivered = self._settle_insured(segment)
-                if delivered is None:
-                    break  # the broker has not answered aiokafka's retries yet
-                if delivered:
-                    self.spool.remove(segment)
-                    self._count_drained(records)
-                    sent += len(records)
-                    continue
+            if delivered:
+                self.spool.remove(segment)
+                self._count_drained(records)
+                sent += len(records)
+                continue
             futures = [
                 await self._producer.send(r.topic, value=r.value, key=r.key) for r in records
             ]
@@ -267,8 +265,11 @@ class KafkaPublisher:
         self.metrics.spool_bytes.set(self.spool.bytes_used())
         return sent
 
+    def _count_acked(self, record: SpooledRecord) -> None:
+        self.metrics.published.labels(record.topic).inc()
+        self.metrics.bytes.labels(record.topic).inc(len(record.value))
+
     def _count_drained(self, records: list[SpooledRecord]) -> None:
         for record in records:
-            self.metrics.published.labels(record.topic).inc()
-            self.metrics.bytes.labels(record.topic).inc(len(record.value))
+            self._count_acked(record)
         self.metrics.respooled.inc(len(records))

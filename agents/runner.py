@@ -2,8 +2,9 @@
 
 A tick the broker does not acknowledge goes to the publisher's spool. Each
 later tick first tries to drain the spool, oldest segment first; while that
-fails the new tick is spooled behind it, so per-key order is kept and an
-outage costs one send timeout per tick.
+fails the new tick is spooled behind it, so per-key order is kept. While
+aiokafka is still retrying a spooled tick the drain does not try again, so an
+outage costs one send timeout, not one per tick.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def run_agent(
         if publisher.backlog:
             sent += await publisher.drain_spool()  # oldest first, so keys stay in order
         if publisher.backlog:
-            publisher.spool_now(events)  # the broker is still away: one timeout per tick
+            publisher.spool_now(events)  # the broker is still away
         else:
             await publisher.publish_all(events)
             sent += await publisher.flush()  # what the broker misses goes to the spool

@@ -65,15 +65,19 @@ class DiskSpool:
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob("*.tmp"):  # a crash mid-append: never acknowledged
             leftover.unlink()
-        existing = [int(p.stem) for p in self.segments()]
-        self._next = max(existing, default=0) + 1
+        # This process is the spool's only writer: the disk is read once, then the
+        # index (oldest first) and the byte count are kept here.
+        found = sorted(directory.glob("*.jsonl"), key=lambda p: int(p.stem))
+        self._sizes: dict[Path, int] = {p: p.stat().st_size for p in found}
+        self._bytes = sum(self._sizes.values())
+        self._next = int(found[-1].stem) + 1 if found else 1
 
     def segments(self) -> list[Path]:
         """Segment files, oldest first."""
-        return sorted(self.directory.glob("*.jsonl"), key=lambda p: int(p.stem))
+        return list(self._sizes)
 
     def bytes_used(self) -> int:
-        return sum(p.stat().st_size for p in self.segments())
+        return self._bytes
 
     def records_in(self, segment: Path) -> int:
         with segment.open("rb") as handle:
@@ -86,18 +90,20 @@ class DiskSpool:
         final = self.directory / f"{self._next:012d}.jsonl"
         self._next += 1
         tmp = final.with_suffix(".tmp")
-        with tmp.open("w") as handle:
-            handle.write("\n".join(r.to_line() for r in records) + "\n")
+        body = ("\n".join(r.to_line() for r in records) + "\n").encode()
+        with tmp.open("wb") as handle:
+            handle.write(body)
             handle.flush()
             os.fsync(handle.fileno())
         tmp.rename(final)
+        self._sizes[final] = len(body)
+        self._bytes += len(body)
         dropped_records = dropped_segments = 0
-        segments = self.segments()
-        while self.bytes_used() > self.max_bytes and len(segments) > 1:
-            oldest = segments.pop(0)
+        while self._bytes > self.max_bytes and len(self._sizes) > 1:
+            oldest = next(iter(self._sizes))
             dropped_records += self.records_in(oldest)
             dropped_segments += 1
-            oldest.unlink()
+            self.remove(oldest)
         return AppendReport(final, len(records), dropped_records, dropped_segments)
 
     def load(self, segment: Path) -> list[SpooledRecord]:
@@ -105,3 +111,4 @@ class DiskSpool:
 
     def remove(self, segment: Path) -> None:
         segment.unlink(missing_ok=True)
+        self._bytes -= self._sizes.pop(segment, 0)
