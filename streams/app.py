@@ -22,6 +22,7 @@ import faust
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from schemas.codec import encode
+from schemas.commands import DeadLetter
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore
 from streams.ingest import RawMessage, split
@@ -150,14 +151,15 @@ def _add_ingest(
             for e in events
         ]
         result = split(messages, spec.value_type, now=now)
-        dead = await sink.unseen(result.dead)
+        fresh = await sink.unseen([*result.valid, *result.dead])  # drop what a replay re-read
         deliveries = []
-        for letter, _at in dead:
-            key = (letter.source_key or "").encode()
-            deliveries.append(await dlq.send(key=key, value=encode(letter)))
-            m.dead_letters.labels(name, letter.error_kind).inc()
+        for letter, _at in fresh:
+            if isinstance(letter, DeadLetter):
+                key = (letter.source_key or "").encode()
+                deliveries.append(await dlq.send(key=key, value=encode(letter)))
+                m.dead_letters.labels(name, letter.error_kind).inc()
         await asyncio.gather(*deliveries)  # dead letters are durable before offsets move
-        await sink.write([*result.valid, *dead], now=now)
+        await sink.write_unseen(fresh, now=now)
         valid_count.inc(len(result.valid))
         dead_count.inc(len(result.dead))
 

@@ -66,7 +66,6 @@ class ClickHouseStore:
         self._reader: Client | None = None
         self.database = database
         self.data_dir = data_dir
-        self.embedded = data_dir is not None
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
 

@@ -145,7 +145,10 @@ class ClickHouseSink:
 
     async def write(self, records: Sequence[Record], *, now: datetime) -> int:
         """Write the records not yet stored; return how many rows were inserted."""
-        fresh = await self.unseen(records)
+        return await self.write_unseen(await self.unseen(records), now=now)
+
+    async def write_unseen(self, fresh: Sequence[Record], *, now: datetime) -> int:
+        """Write records that :meth:`unseen` returned; return how many rows were inserted."""
         by_table: dict[str, list[Record]] = defaultdict(list)
         for rec in fresh:
             by_table[LAYOUTS[type(rec[0])].table].append(rec)
