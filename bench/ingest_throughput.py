@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from agents.publisher import KafkaPublisher
 from agents.simulated import SimulatedFleetAgent
-from fleetloop.kafka_broker import LocalKafkaBroker
+from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics
 from fleetloop.worker import tune_gc
@@ -41,12 +40,6 @@ from streams.clickhouse_store import open_store
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _events(count: int) -> list[tuple[TopicSpec, Contract]]:
@@ -119,7 +112,7 @@ def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[f
     sys.path.insert(0, str(REPO_ROOT))
     from tests.integration.worker_proc import WorkerProcess
 
-    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=_free_port())
+    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=free_port())
     worker.args += ["--loglevel", "warning"]
     count_sql = " UNION ALL ".join(
         f"SELECT '{s.table}', count() FROM fleetloop.{s.table}" for s in TELEMETRY_TOPICS
@@ -181,8 +174,8 @@ def main() -> None:
                 BrokerSettings(
                     broker_dir=home / "kafka",
                     jar_dir=REPO_ROOT / ".cache" / "kafka",
-                    port=_free_port(),
-                    controller_port=_free_port(),
+                    port=free_port(),
+                    controller_port=free_port(),
                 )
             )
             broker.up()

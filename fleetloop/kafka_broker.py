@@ -245,6 +245,13 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for brokers and workers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)

@@ -12,21 +12,14 @@ If the chosen broker cannot start, every test that needs it fails (no skip).
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker
+from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def docker_engine_answers() -> bool:

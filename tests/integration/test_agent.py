@@ -15,12 +15,12 @@ from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from agents.publisher import KafkaPublisher
+from fleetloop.kafka_broker import free_port
 from fleetloop.settings import REPO_ROOT
 from fleetloop.topics_admin import ensure_topics
 from schemas.codec import decode
 from schemas.topics import TELEMETRY_TOPICS
 from tests.factories import fleet_events
-from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.integration
 

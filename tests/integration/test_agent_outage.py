@@ -16,12 +16,11 @@ from agents.publisher import KafkaPublisher
 from agents.runner import run_agent
 from agents.simulated import SimulatedFleetAgent
 from agents.spool import DiskSpool
-from fleetloop.kafka_broker import LocalKafkaBroker
+from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics
 from schemas.topics import TELEMETRY_TOPICS
 from tests.factories import START
-from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.integration
 TICKS = 24  # enough after the restart for aiokafka to reconnect (several seconds)

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker
+from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
-from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.integration
 JAR_DIR = Path(os.environ.get("FLEETLOOP_JAR_DIR", REPO_ROOT / ".cache" / "kafka"))

@@ -23,10 +23,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from agents.publisher import KafkaPublisher
+from fleetloop.kafka_broker import free_port
 from fleetloop.topics_admin import ensure_topics
 from schemas.topics import TELEMETRY_TOPICS
 from tests.factories import fleet_events, malformed_payloads
-from tests.integration.conftest import free_port
 from tests.integration.worker_proc import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -168,34 +168,26 @@ def test_exactly_once_into_clickhouse_across_sigkill(
 
         # `fleetloop sql` is answered by the worker that owns the (locked) embedded data,
         # read-only.
-        cli = [
-            sys.executable,
-            "-m",
-            "fleetloop",
-            "sql",
-            "--format",
-            "json",
-            "--query-url",
-            restarted.url,
-            "--clickhouse-dir",
-            str(worker_home / "clickhouse"),
-        ]
-        out = subprocess.run(
-            [*cli, f"SELECT count() FROM {DB}.dead_letters"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        def fleetloop_sql(query: str) -> subprocess.CompletedProcess[str]:
+            cli = [
+                sys.executable,
+                "-m",
+                "fleetloop",
+                "sql",
+                "--format",
+                "json",
+                "--query-url",
+                restarted.url,
+                "--clickhouse-dir",
+                str(worker_home / "clickhouse"),
+                query,
+            ]
+            return subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
+
+        out = fleetloop_sql(f"SELECT count() FROM {DB}.dead_letters")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["rows"] == [[150]]
-        out = subprocess.run(
-            [*cli, f"TRUNCATE TABLE {DB}.dead_letters"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        out = fleetloop_sql(f"TRUNCATE TABLE {DB}.dead_letters")
         assert out.returncode == 1 and "readonly" in out.stderr.lower()
         assert _counts(restarted)["dead_letters"] == (150, 150)
 
