@@ -11,14 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from agents.publisher import KafkaPublisher
-from agents.simulated import SimulatedFleetAgent
+from schemas.base import Contract
+from schemas.topics import TopicSpec
+
+Records = Sequence[tuple[TopicSpec, Contract]]
+
+
+class TickSource(Protocol):
+    def tick(self, n: int) -> Records: ...
+
+
+async def publish_tick(publisher: KafkaPublisher, records: Records) -> int:
+    """Publish one tick's records behind any spooled backlog; return records acknowledged."""
+    sent = 0
+    if publisher.backlog:
+        sent += await publisher.drain_spool()  # oldest first, so keys stay in order
+    if publisher.backlog:
+        publisher.spool_now(records)  # the broker is still away
+    else:
+        await publisher.publish_all(records)
+        sent += await publisher.flush()  # what the broker misses goes to the spool
+    return sent
 
 
 async def run_agent(
-    agent: SimulatedFleetAgent,
+    agent: TickSource,
     publisher: KafkaPublisher,
     *,
     ticks: int | None,
@@ -31,14 +52,7 @@ async def run_agent(
     n = 0
     next_at = monotonic()
     while ticks is None or n < ticks:
-        events = agent.tick(n)
-        if publisher.backlog:
-            sent += await publisher.drain_spool()  # oldest first, so keys stay in order
-        if publisher.backlog:
-            publisher.spool_now(events)  # the broker is still away
-        else:
-            await publisher.publish_all(events)
-            sent += await publisher.flush()  # what the broker misses goes to the spool
+        sent += await publish_tick(publisher, agent.tick(n))
         if on_tick is not None:
             on_tick(n, sent)
         n += 1

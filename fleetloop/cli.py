@@ -17,7 +17,13 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from fleetloop.settings import AgentSettings, BrokerSettings, ConnectionSettings, WorkerSettings
+from fleetloop.settings import (
+    AgentSettings,
+    BrokerSettings,
+    ConnectionSettings,
+    SimSettings,
+    WorkerSettings,
+)
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -132,6 +138,19 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from agents.sim.scenario import ScenarioError
+    from fleetloop.sim import run_sim
+
+    settings = _settings(SimSettings, args)
+    try:
+        settings.verification_keys()
+        return run_sim(settings)
+    except (ScenarioError, ValueError) as exc:
+        print(f"fleetloop sim: {exc}", file=sys.stderr)
+        return 1
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from fleetloop.worker import run_worker
 
@@ -187,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the simulated node agents")
     _add_settings_flags(agent, AgentSettings)
     agent.set_defaults(func=_cmd_agent)
+
+    sim = sub.add_parser(
+        "sim", help="run the closed-loop fleet simulator with its executors against Kafka"
+    )
+    _add_settings_flags(sim, SimSettings)
+    sim.set_defaults(func=_cmd_sim)
 
     worker = sub.add_parser("worker", help="run a stream worker")
     worker.add_argument("--loglevel", default="info")

@@ -88,6 +88,63 @@ class AgentSettings(ConnectionSettings):
         return None if value in ("", "none") else value
 
 
+class CommandKeySettings(_Base):
+    """HMAC keys for commands, by key id, so keys can rotate: executors accept every
+    listed key; issuers sign with ``command_key_id`` (the first key when unset)."""
+
+    command_keys: SecretStr | None = Field(
+        None, description="comma-separated key_id=secret pairs (FLEETLOOP_COMMAND_KEYS)"
+    )
+    command_key_id: str | None = Field(None, description="key id to sign with")
+
+    def verification_keys(self) -> dict[str, bytes]:
+        """Every configured key by id; a clear error when none is configured."""
+        if self.command_keys is None:
+            raise ValueError(
+                "no command keys: set FLEETLOOP_COMMAND_KEYS=key_id=secret[,key_id=secret]"
+            )
+        keys: dict[str, bytes] = {}
+        for part in self.command_keys.get_secret_value().split(","):
+            kid, sep, secret = part.strip().partition("=")
+            if not sep or not kid or len(secret) < 16:
+                raise ValueError(
+                    "FLEETLOOP_COMMAND_KEYS entries are key_id=secret with at least 16 characters"
+                )
+            keys[kid] = secret.encode()
+        return keys
+
+    def signing_key(self) -> tuple[str, bytes]:
+        keys = self.verification_keys()
+        kid = self.command_key_id or next(iter(keys))
+        if kid not in keys:
+            raise ValueError(f"command_key_id {kid!r} is not among the configured keys")
+        return kid, keys[kid]
+
+
+class SimSettings(ConnectionSettings, CommandKeySettings):
+    """The closed-loop fleet simulator with its executors (`fleetloop sim`)."""
+
+    scenario: Path | None = Field(None, description="scenario file (YAML); a steady fleet if unset")
+    nodes: int | None = Field(None, ge=1, description="override the scenario's node count")
+    speed: float = Field(1.0, gt=0, le=1000, description="simulated seconds per wall second")
+    seed: int | None = Field(None, description="override the scenario's seed")
+    ticks: int | None = Field(None, ge=1, description="stop after this many steps")
+    truth_file: Path | None = Field(
+        Path("var/sim/truth.jsonl"), description="ground truth of injected faults (JSON lines)"
+    )
+    web_port: int = Field(6070, ge=0, le=65535, description="router table, metrics and health")
+    web_bind: str = "127.0.0.1"
+    group_id: str = Field("fleetloop-sim-executors", description="consumer group of the executors")
+    spool_dir: Path | None = Field(Path("var/sim-spool"), description="disk spool ('' disables)")
+    spool_max_bytes: int = Field(256 * 1024**2, gt=0)
+    send_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("spool_dir", "truth_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value in ("", "none") else value
+
+
 class WorkerSettings(ConnectionSettings):
     """The faust stream worker (`fleetloop worker`)."""
 

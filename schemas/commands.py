@@ -72,10 +72,23 @@ class RouteAction(StrEnum):
 
 
 class RouteCommand(Command):
-    """Isolation ladder and routing weights, for the node and router executors."""
+    """Isolation ladder and routing weights.
+
+    Addressed to a device or node (no pool): the node executor changes what that
+    host accepts. Addressed to a pool: the router executor changes its table, for
+    one ``model`` or all; with a device or node as well, it ejects or readmits
+    that host from the pool.
+    """
 
     action: RouteAction
     weight_ratio: Ratio | None = Field(default=None, description="new weight for deweight")
+    model: Identifier | None = Field(default=None, description="pool weights: this model only")
+
+    @model_validator(mode="after")
+    def _weight_for_deweight(self) -> RouteCommand:
+        if self.action is RouteAction.DEWEIGHT and self.weight_ratio is None:
+            raise ValueError("deweight needs weight_ratio")
+        return self
 
 
 class ThrottleAction(StrEnum):

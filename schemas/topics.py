@@ -151,11 +151,12 @@ def dead_letter_topic(source: TopicSpec) -> TopicSpec:
     )
 
 
+INGESTED_TOPICS: tuple[TopicSpec, ...] = (*TELEMETRY_TOPICS, *COMMAND_TOPICS, COMMAND_RESULTS)
+"""Topics the stream worker writes to ClickHouse; each has a dead letter twin."""
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    *TELEMETRY_TOPICS,
-    *(dead_letter_topic(t) for t in TELEMETRY_TOPICS),
-    *COMMAND_TOPICS,
-    COMMAND_RESULTS,
+    *INGESTED_TOPICS,
+    *(dead_letter_topic(t) for t in INGESTED_TOPICS),
 )
 
 _BY_NAME = {t.name: t for t in ALL_TOPICS}

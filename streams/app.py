@@ -1,4 +1,4 @@
-"""The faust worker: one ingest processor per telemetry topic, the sink, the web surface.
+"""The faust worker: one ingest processor per ingested topic, the sink, the web surface.
 
 Each processor is thin: take a batch of events, split it into valid events and
 dead letters (pure), publish dead letters to ``<topic>.dlq``, write both to
@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from schemas.codec import encode
 from schemas.commands import DeadLetter
-from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
@@ -120,7 +120,7 @@ def create_app(
 
     cast(Any, app.on_partitions_revoked).connect(_moved)
 
-    for spec in TELEMETRY_TOPICS:
+    for spec in INGESTED_TOPICS:
         _add_ingest(app, config, spec, sink, metrics, on_fatal)
     _add_pages(app, store, registry)
     return app
@@ -163,7 +163,7 @@ def _add_ingest(
         valid_count.inc(len(result.valid))
         dead_count.inc(len(result.dead))
 
-    processor = f"ingest.{spec.table}"
+    processor = f"ingest.{spec.name}"
     errors = m.errors.labels(processor)
 
     async def ingest(stream: Any) -> None:

@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Any
 
 from schemas.base import Contract
-from schemas.commands import DeadLetter
-from schemas.topics import TELEMETRY_TOPICS
+from schemas.commands import COMMAND_TYPES, Command, CommandResult, DeadLetter
+from schemas.topics import COMMAND_RESULTS, TELEMETRY_TOPICS
 
 COORDINATES = ("src_topic", "src_partition", "src_offset")
 JSON_INSERT_SETTINGS = {
@@ -103,7 +103,37 @@ DEAD_LETTERS = TableLayout(
     to_row=_dead_letter_row,
 )
 
+COMMAND_HEADER = (
+    "schema_version", "command_id", "command_type", "action", "issued_at", "expires_at",
+    "issuer", "target_node_id", "target_device_uuid", "target_pool", "target_rack_id",
+    "target_region", "reason", "message", "key_id", "signature", "parameters",
+)  # fmt: skip
+_HEADER_FIELDS = set(Command.model_fields) | {"action"}
+
+
+def _command_line(value: Command, at: Coordinates, ingested_at_json: str) -> str:
+    doc = value.model_dump(mode="json")
+    target = doc.pop("target")
+    row = {name: doc.get(name) for name in COMMAND_HEADER if name in _HEADER_FIELDS}
+    row["command_type"] = type(value).__name__
+    row.update({f"target_{k}": v for k, v in target.items() if k != "schema_version"})
+    params = {k: v for k, v in doc.items() if k not in _HEADER_FIELDS}
+    row["parameters"] = json.dumps(params, sort_keys=True)
+    body = json.dumps(row)
+    return (
+        f'{body[:-1]},"src_topic":{json.dumps(at.topic)},"src_partition":{at.partition},'
+        f'"src_offset":{at.offset},"ingested_at":{ingested_at_json}}}'
+    )
+
+
+COMMANDS = TableLayout(
+    "commands", (*COMMAND_HEADER, *COORDINATES, "ingested_at"), COORDINATES, to_line=_command_line
+)
+
 LAYOUTS: dict[type[Contract], TableLayout] = {
     spec.value_type: _event_layout(spec.table, spec.value_type) for spec in TELEMETRY_TOPICS
 }
 LAYOUTS[DeadLetter] = DEAD_LETTERS
+LAYOUTS[CommandResult] = _event_layout(COMMAND_RESULTS.table, CommandResult)
+for _command_type in COMMAND_TYPES:
+    LAYOUTS[_command_type] = COMMANDS

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from agents.simulated import SimulatedFleetAgent
 from schemas.base import Contract
 from schemas.codec import encode
+from schemas.signing import sign
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
 
 START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -23,7 +24,7 @@ def fleet_events(
 
 def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
     """``count`` bad messages spread over the telemetry topics, with the expected error kind."""
-    valid = {spec.name: json.loads(encode(v)) for spec, v in fleet_events(300)}
+    valid = {spec.name: json.loads(encode(v)) for spec, v in fleet_events(400)}
     kinds: list[tuple[str, object]] = [
         ("bad_json", b"{not json"),
         ("bad_json", b"\xff\xfe\x00garbage"),
@@ -66,3 +67,28 @@ def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
 
 def later(seconds: float) -> datetime:
     return START + timedelta(seconds=seconds)
+
+
+COMMAND_KEYS = {"k1": b"unit-test-secret-0001"}
+
+
+def signed_command(  # type: ignore[no-untyped-def]
+    cls,
+    *,
+    issued_at: datetime,
+    ttl_s: float = 60.0,
+    key_id: str = "k1",
+    key: bytes | None = None,
+    command_id: uuid.UUID | None = None,
+    **fields,
+):
+    """A command of type ``cls`` signed with the test key (or ``key``: a forgery)."""
+    unsigned = cls(
+        command_id=command_id or uuid.uuid4(),
+        issued_at=issued_at,
+        expires_at=issued_at + timedelta(seconds=ttl_s),
+        issuer="test",
+        reason=fields.pop("reason", "test"),
+        **fields,
+    )
+    return sign(unsigned, key_id=key_id, key=key or COMMAND_KEYS[key_id])

@@ -79,7 +79,8 @@ def test_agent_command_publishes_what_it_reports(kafka_bootstrap: str, topic_pre
     match = re.search(r"published (\d+) events", out.stdout)
     assert match, out.stdout
     sent = int(match.group(1))
-    per_tick = 6 * 4 + 6 + 6 + 2 + 6  # devices, heartbeats, serving, PDUs, demand
+    # devices, heartbeats, replicas (2 of 4 devices loaded), PDUs, demand (3 models, 1 region)
+    per_tick = 6 * 4 + 6 + 6 * 2 + 2 + 3
     assert sent == 3 * per_tick
     seen = asyncio.run(_consume_all(kafka_bootstrap, topic_prefix, sent))
     assert sum(seen.values()) == sent

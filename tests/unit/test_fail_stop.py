@@ -53,15 +53,15 @@ def test_a_failed_batch_calls_on_fatal_with_the_processor(
         )
         for i, v in enumerate(values)
     ]
-    agent = app.agents["ingest.accelerator_telemetry"]
+    agent = app.agents["ingest.telemetry.accelerator.v1"]
     stream = _OneBatch(events)
     with pytest.raises(Exception, match=r"(?i)no_such_database|unknown_database"):
         asyncio.run(agent.fun(stream))
     assert stream.acked == []  # a failed batch is never acked, so never committed
-    assert [p for p, _ in fatal] == ["ingest.accelerator_telemetry"]
+    assert [p for p, _ in fatal] == ["ingest.telemetry.accelerator.v1"]
     assert "no_such_database" in str(fatal[0][1]).lower() or "UNKNOWN_DATABASE" in str(fatal[0][1])
     errors = registry.get_sample_value(
-        "fleetloop_processing_errors_total", {"processor": "ingest.accelerator_telemetry"}
+        "fleetloop_processing_errors_total", {"processor": "ingest.telemetry.accelerator.v1"}
     )
     assert errors == 1.0
 
@@ -89,7 +89,7 @@ def test_a_written_batch_is_acked_after_clickhouse_holds_it(
         for i, v in enumerate(values)
     ]
     stream = _OneBatch(events)
-    asyncio.run(app.agents["ingest.accelerator_telemetry"].fun(stream))
+    asyncio.run(app.agents["ingest.telemetry.accelerator.v1"].fun(stream))
     stored = store.query(
         f"SELECT count() FROM {store.database}.accelerator_telemetry WHERE src_topic = '{topic}'"
     ).rows[0][0]

@@ -25,7 +25,7 @@ def test_tick_has_every_family_in_expected_counts() -> None:
     counts = Counter(spec.name for spec, _ in events)
     assert counts["telemetry.accelerator.v1"] == 80
     assert counts["telemetry.node_health.v1"] == 10
-    assert counts["telemetry.serving.v1"] == 10
+    assert counts["telemetry.serving.v1"] == 60  # one per loaded replica, two spares a node
     assert counts["telemetry.pdu.v1"] == 3  # 4 nodes per rack
     assert counts["telemetry.demand.v1"] == 6
     assert len({v.event_id for _, v in events}) == len(events)  # type: ignore[attr-defined]

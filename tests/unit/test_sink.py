@@ -81,10 +81,10 @@ def test_events_land_with_nulls_enums_probes_and_utc_instants(store: ClickHouseS
         "AND accelerator_type = 'MTIA' LIMIT 1"
     ).rows[0]
     assert mtia[:3] == [None, None, "MTIA"]
-    assert mtia[3] == "2026-11-01 12:00:00.000"  # the factory's START, in UTC
+    assert mtia[3] == "2026-11-01 12:00:01.000"  # the end of the first step after START, UTC
     probes = store.query(
         f"SELECT length(probes), probes.probe[1], probes.passed[1] FROM {db}.node_health "
-        "WHERE src_topic LIKE 'e.%' AND heartbeat_seq = 0 LIMIT 1"
+        "WHERE src_topic LIKE 'e.%' AND heartbeat_seq = 1 LIMIT 1"
     ).rows[0]
     assert probes == [8, "gemm", True]
 

@@ -1,0 +1,151 @@
+"""The three executors: node, router and warmer.
+
+Each is an :class:`~agents.executors.gate.Actuator` over one control interface;
+:func:`~agents.executors.gate.execute` wraps it with the signature, expiry and
+replay checks and turns whatever happens into one result.
+
+Which executor answers a command is a function of the command alone
+(:func:`scope_of`), so every valid command has exactly one owner:
+
+- warm commands: the warmer;
+- route commands addressed to a pool: the router (pool weights; with a host
+  as well, ejection or readmission of that host);
+- route commands addressed to a device or node: the node executor (what that
+  host accepts: de-weight, stop new sessions, drain, quarantine, restore);
+- throttle commands: power cap and clock mode to the node executor; batch
+  size, admission and opportunistic budget to the router.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from agents.executors.controls import NodeControl, RouterControl, WarmerControl
+from agents.executors.gate import PermanentActuatorError
+from schemas.commands import (
+    Command,
+    RouteAction,
+    RouteCommand,
+    ThrottleAction,
+    ThrottleCommand,
+    WarmAction,
+    WarmCommand,
+)
+
+NODE_THROTTLES = {ThrottleAction.POWER_CAP, ThrottleAction.CLOCK_MODE}
+EJECTING = {RouteAction.DRAIN, RouteAction.QUARANTINE, RouteAction.STOP_NEW_SESSIONS}
+
+
+class Scope(StrEnum):
+    NODE = "node"
+    ROUTER = "router"
+    WARMER = "warmer"
+
+
+def scope_of(command: Command) -> Scope:
+    """The executor that owns ``command``."""
+    if isinstance(command, WarmCommand):
+        return Scope.WARMER
+    if isinstance(command, RouteCommand):
+        return Scope.ROUTER if command.target.pool else Scope.NODE
+    if isinstance(command, ThrottleCommand):
+        return Scope.NODE if command.action in NODE_THROTTLES else Scope.ROUTER
+    raise TypeError(f"not a command type: {type(command).__name__}")
+
+
+def _summary(what: str, items: list[str]) -> str:
+    shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+    return f"{what}: {shown}"
+
+
+class NodeExecutor:
+    """Host levers: the isolation ladder on devices or nodes, power caps, clock modes."""
+
+    def __init__(self, control: NodeControl) -> None:
+        self.control = control
+
+    def apply(self, command: Command, *, now: datetime) -> str:
+        del now
+        if not (command.target.node_id or command.target.device_uuid):
+            raise PermanentActuatorError("the node executor needs a node_id or device_uuid target")
+        devices = self.control.devices(command.target)
+        if not devices:
+            raise PermanentActuatorError(f"no device matches {command.target}")
+        if isinstance(command, RouteCommand):
+            details = [
+                self.control.set_admission_state(
+                    d, command.action, weight_ratio=command.weight_ratio
+                )
+                for d in devices
+            ]
+        elif isinstance(command, ThrottleCommand) and command.action is ThrottleAction.POWER_CAP:
+            assert command.power_limit_watts is not None  # validated by the contract
+            watts = command.power_limit_watts
+            details = [self.control.set_power_limit(d, watts) for d in devices]
+        elif isinstance(command, ThrottleCommand) and command.action is ThrottleAction.CLOCK_MODE:
+            assert command.clock_mode is not None
+            mode = command.clock_mode
+            details = [self.control.set_clock_mode(d, mode) for d in devices]
+        else:
+            raise PermanentActuatorError(f"the node executor does not do {type(command).__name__}")
+        return _summary(f"{len(devices)} device(s)", details)
+
+
+class RouterExecutor:
+    """The routing table: pool weights per model, ejection, admission and batch levers."""
+
+    def __init__(self, control: RouterControl) -> None:
+        self.control = control
+
+    def apply(self, command: Command, *, now: datetime) -> str:
+        del now
+        pool = command.target.pool
+        if pool is None:
+            raise PermanentActuatorError("the router executor needs a pool target")
+        if isinstance(command, ThrottleCommand):
+            value = {
+                ThrottleAction.BATCH_SIZE: command.batch_size_max,
+                ThrottleAction.ADMISSION: command.admission_ratio,
+                ThrottleAction.OPPORTUNISTIC_BUDGET: command.opportunistic_budget_ratio,
+            }.get(command.action)
+            if value is None:
+                raise PermanentActuatorError(f"the router does not do {command.action.value}")
+            return self.control.set_pool_lever(pool, command.action.value, float(value))
+        if not isinstance(command, RouteCommand):
+            raise PermanentActuatorError(f"the router does not do {type(command).__name__}")
+        host = command.target.node_id or command.target.device_uuid
+        if host:
+            devices = self.control.pool_devices(pool, command.target)
+            if not devices:
+                raise PermanentActuatorError(f"no host of pool {pool} matches {command.target}")
+            if command.action is RouteAction.RESTORE:
+                return self.control.set_ejected(devices, ejected=False)
+            if command.action in EJECTING:
+                return self.control.set_ejected(devices, ejected=True)
+            raise PermanentActuatorError(
+                "the router de-weights pools; de-weight a host through the node executor"
+            )
+        ratio = {
+            RouteAction.DEWEIGHT: command.weight_ratio,
+            RouteAction.RESTORE: 1.0,
+        }.get(command.action, 0.0)
+        assert ratio is not None
+        return self.control.set_pool_weight(pool, command.model, ratio)
+
+
+class Warmer:
+    """Loads (warm) or unloads (cool) replicas of a model in a pool."""
+
+    def __init__(self, control: WarmerControl) -> None:
+        self.control = control
+
+    def apply(self, command: Command, *, now: datetime) -> str:
+        if not isinstance(command, WarmCommand):
+            raise PermanentActuatorError(f"the warmer does not do {type(command).__name__}")
+        pool = command.target.pool
+        if pool is None:
+            raise PermanentActuatorError("a warm command needs a pool target")
+        if command.action is WarmAction.WARM:
+            return self.control.warm(pool, command.model, command.replicas, now=now)
+        return self.control.cool(pool, command.model, command.replicas, now=now)

@@ -1,0 +1,525 @@
+"""The closed-loop fleet simulator: state that answers to commands.
+
+Each step of ``interval_s`` simulated seconds:
+
+1. demand per (model, region) from the demand source, scaled to the fleet,
+   times any spike, plus any cold-model demand;
+2. routing: each region's demand is split over the replicas serving the model
+   there, in proportion to ``pool weight x host weight`` (the router's table);
+   a region with no replica spills to the others; crashed hosts refuse
+   connections, so the router skips them, but a failed device still takes
+   traffic and errors;
+3. per device: a request queue served at ``capacity x clock x health``
+   (``agents.sim.hardware``), busy ratio, batch size by Little's law, TPOT
+   and TTFT from batch, queue, clocks and health;
+4. power ``idle + (limit - idle) x busy x clock^2``, held under the power cap by
+   lowering clocks; a first-order thermal model
+   ``T += (inlet + R x P - T) x (1 - exp(-dt / tau))`` with hardware slowdown
+   above ``slowdown_celsius`` and loss of the device above ``shutdown_celsius``;
+5. correctable ECC errors as a Poisson rate that climbs during a storm and
+   ends in a double-bit fault; XIDs; a rack whose draw stays above its breaker
+   limit for ``trip_after_s`` trips and takes its nodes down.
+
+Telemetry for the step is built by :mod:`agents.sim.telemetry`. Randomness
+comes from one generator seeded by the scenario, so the same seed, scenario and
+commands at the same steps give the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from agents.sim.demand import DemandSource
+from agents.sim.faults import ActiveFaults, FaultClock
+from agents.sim.hardware import (
+    ACCELERATORS,
+    CLOCK_LOW_FACTOR,
+    CLOCKS_HW_SLOWDOWN,
+    CLOCKS_HW_THERMAL,
+    CLOCKS_SW_POWER_CAP,
+    MODELS,
+    REGIONS,
+    SERVED_AT_START,
+    AcceleratorSpec,
+    node_type,
+)
+from agents.sim.scenario import FleetSpec
+from schemas.base import AcceleratorType
+from schemas.commands import ClockMode
+
+NODES_PER_RACK = 4
+RACKS_PER_POD = 2
+HOST_WATTS = 600.0  # CPUs, NICs, fans per node
+INLET_CELSIUS = 25.0
+BATCH_MAX = 256
+QUEUE_LIMIT_S = 30.0  # a queue longer than this many seconds of service rejects requests
+BASE_SBE_PER_S = 2e-4
+BREAKER_RATIO = 0.6  # racks are oversubscribed: the breaker is well below the nameplate sum
+
+
+class AdminState(StrEnum):
+    """What a host accepts, set by the node executor (the isolation ladder)."""
+
+    ACTIVE = "active"
+    DEWEIGHTED = "deweighted"
+    NO_NEW_SESSIONS = "no_new_sessions"
+    DRAINING = "draining"
+    QUARANTINED = "quarantined"
+
+
+def pool_of(region: str, kind: AcceleratorType) -> str:
+    """Accelerator pool name: region and accelerator type, e.g. ``us-east-h100``."""
+    return f"{region}-{kind.value.lower()}"
+
+
+@dataclass(slots=True)
+class Device:
+    uuid: str
+    index: int
+    node: Node
+    spec: AcceleratorSpec
+    model: str | None = None
+    ready_at_s: float = 0.0  # serving once the step time reaches this (loading before)
+    admin: AdminState = AdminState.ACTIVE
+    weight_ratio: float = 1.0
+    power_cap_watts: float = 0.0
+    clock_mode: ClockMode = ClockMode.DEFAULT
+    temp_celsius: float = INLET_CELSIUS + 10.0
+    cap_clock: float = 1.0  # clock ratio the power cap allows
+    thermal_clock: float = 1.0  # clock ratio hardware slowdown allows
+    clock_ratio: float = 1.0
+    health: float = 1.0  # speed relative to a sound device (below 1 when grey-failing)
+    power_watts: float = 0.0
+    busy_ratio: float = 0.0
+    queue: float = 0.0
+    offered_rps: float = 0.0
+    served_rps: float = 0.0
+    rejected: float = 0.0
+    errors: float = 0.0
+    batch: float = 0.0
+    tpot_s: float = 0.0
+    ttft_s: float = 0.0
+    throttle_reasons: int = 0
+    sbe_volatile: int = 0
+    sbe_aggregate: int = 0
+    dbe_volatile: int = 0
+    dbe_aggregate: int = 0
+    retired_pages: int = 0
+    remapped_rows: int = 0
+    xid: int | None = None  # raised during the last step
+    failed: bool = False  # double-bit fault: still reports, serves only errors
+    lost: bool = False  # fell off the bus: reports nothing
+
+    def serving(self, t_s: float) -> bool:
+        return self.model is not None and t_s >= self.ready_at_s and not self.node.down
+
+    @property
+    def pool(self) -> str:
+        return pool_of(self.node.region, self.spec.kind)
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: str
+    index: int
+    kind: AcceleratorType
+    region: str
+    pod_id: str
+    rack_id: str
+    pdu_id: str
+    devices: list[Device] = field(default_factory=list)
+    crashed: bool = False  # by a fault
+    tripped: bool = False  # by its rack's breaker
+    heartbeat_seq: int = 0
+    booted_at_s: float = -3600.0
+
+    @property
+    def down(self) -> bool:
+        return self.crashed or self.tripped
+
+
+@dataclass(slots=True)
+class Rack:
+    rack_id: str
+    pdu_id: str
+    pod_id: str
+    region: str
+    nodes: list[Node]
+    capacity_watts: float
+    breaker_limit_watts: float
+    power_watts: float = 0.0
+    limit_ratio: float = 1.0  # below 1 while a feed is degraded
+    over_since_s: float | None = None
+    tripped: bool = False
+
+    @property
+    def effective_limit_watts(self) -> float:
+        return self.breaker_limit_watts * self.limit_ratio
+
+
+@dataclass(slots=True)
+class RouterTable:
+    """The router's state: pool weights per model, ejections, admission, batch caps."""
+
+    pool_weights: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, pool)
+    ejected: set[str] = field(default_factory=set)  # device uuids
+    admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
+    batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
+    opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
+
+    def weight(self, model: str, pool: str) -> float:
+        return self.pool_weights.get((model, pool), self.pool_weights.get(("*", pool), 1.0))
+
+
+class Fleet:
+    """The simulated fleet; ``step()`` advances it by one interval."""
+
+    def __init__(
+        self,
+        spec: FleetSpec,
+        *,
+        start: datetime,
+        demand: DemandSource,
+        faults: FaultClock,
+        load_ratio: float = 0.55,
+    ) -> None:
+        if start.tzinfo is None:
+            raise ValueError("start must be timezone-aware")
+        self.spec = spec
+        self.start = start
+        self.n = 0  # steps taken
+        self.rng = random.Random(spec.seed)
+        self.demand = demand
+        self.faults = faults
+        self.router = RouterTable()
+        self.nodes: list[Node] = []
+        self.racks: list[Rack] = []
+        self.devices: dict[str, Device] = {}
+        self._place(spec)
+        self.scale = self._demand_scale(load_ratio)
+        self.offered: dict[tuple[str, str], float] = {}  # (model, region) -> rps this step
+        self.lengths: dict[tuple[str, str], tuple[float, float]] = {}  # prompt, generated
+        self.unserved: dict[tuple[str, str], float] = {}
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _place(self, spec: FleetSpec) -> None:
+        served = spec.devices_per_node - min(spec.spare_devices_per_node, spec.devices_per_node - 1)
+        for i in range(spec.nodes):
+            rack = i // NODES_PER_RACK
+            pod = rack // RACKS_PER_POD
+            kind = node_type(i)
+            node = Node(
+                f"node-{i:05d}",
+                i,
+                kind,
+                REGIONS[pod % len(REGIONS)],
+                f"pod-{pod:03d}",
+                f"rack-{rack:04d}",
+                f"pdu-{rack:04d}-a",
+            )
+            hw = ACCELERATORS[kind]
+            fitting = [m for m in SERVED_AT_START if hw.fits(MODELS[m])]
+            for d in range(spec.devices_per_node):
+                dev = Device(
+                    f"{node.node_id}-gpu{d}", d, node, hw, power_cap_watts=hw.power_limit_watts
+                )
+                if d < served and fitting:
+                    dev.model = fitting[(i + d) % len(fitting)]
+                node.devices.append(dev)
+                self.devices[dev.uuid] = dev
+            self.nodes.append(node)
+        for r in range(0, len(self.nodes), NODES_PER_RACK):
+            members = self.nodes[r : r + NODES_PER_RACK]
+            nominal = sum(HOST_WATTS + d.spec.power_limit_watts for n in members for d in n.devices)
+            first = members[0]
+            self.racks.append(
+                Rack(
+                    first.rack_id,
+                    first.pdu_id,
+                    first.pod_id,
+                    first.region,
+                    members,
+                    capacity_watts=round(nominal, -2),
+                    breaker_limit_watts=round(BREAKER_RATIO * nominal, -2),
+                )
+            )
+
+    def _demand_scale(self, load_ratio: float) -> dict[tuple[str, str], float]:
+        """Requests/s per unit of source rate, so the mean load is ``load_ratio``."""
+        capacity: dict[tuple[str, str], float] = {}
+        for dev in self.devices.values():
+            if dev.model is not None:
+                key = (dev.model, dev.node.region)
+                m = MODELS[dev.model]
+                capacity[key] = capacity.get(key, 0.0) + dev.spec.capacity_tokens_per_s(m) / (
+                    m.generated_tokens
+                )
+        scale = {}
+        for (model, region), rps in capacity.items():
+            mean = self.demand.mean_rps(model, region)
+            scale[(model, region)] = load_ratio * rps / mean if mean > 0 else 0.0
+        return scale
+
+    @property
+    def interval_s(self) -> float:
+        return self.spec.interval_s
+
+    @property
+    def t_s(self) -> float:
+        """Simulated seconds since the start, at the end of the last step."""
+        return self.n * self.spec.interval_s
+
+    @property
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=self.t_s)
+
+    def node(self, node_id: str) -> Node | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Advance one interval (the state then describes the end of it)."""
+        self.n += 1
+        t, dt = self.t_s, self.spec.interval_s
+        active = self.faults.active(t, self)
+        self._apply_node_faults(active, t)
+        self._route(active, t)
+        for dev in self.devices.values():
+            self._serve(dev, active, t, dt)
+            self._heat(dev, active, dt)
+            self._errors(dev, active, t, dt)
+        self._racks(active, t)
+
+    def _apply_node_faults(self, active: ActiveFaults, t: float) -> None:
+        for node in self.nodes:
+            crashed = node.node_id in active.crashed_nodes
+            if node.crashed and not crashed:  # reboot: models reload before serving
+                self._reboot(node, t)
+            node.crashed = crashed
+        for dev in self.devices.values():
+            if (dev.failed or dev.lost) and dev.uuid in active.repaired:
+                self._repair(dev, t)
+
+    def _reboot(self, node: Node, t: float) -> None:
+        node.booted_at_s = t
+        for dev in node.devices:
+            dev.queue = 0.0
+            dev.temp_celsius = INLET_CELSIUS + 10.0
+            dev.sbe_volatile = dev.dbe_volatile = 0
+            if dev.model is not None:
+                dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
+
+    def _repair(self, dev: Device, t: float) -> None:
+        """The device was swapped: clean counters, model reloading."""
+        dev.failed = dev.lost = False
+        dev.sbe_volatile = dev.dbe_volatile = 0
+        dev.temp_celsius = INLET_CELSIUS + 10.0
+        dev.thermal_clock = 1.0
+        if dev.model is not None:
+            dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
+
+    def host_weight(self, dev: Device) -> float:
+        if dev.uuid in self.router.ejected:
+            return 0.0
+        if dev.admin is AdminState.ACTIVE:
+            return 1.0
+        if dev.admin is AdminState.DEWEIGHTED:
+            return dev.weight_ratio
+        return 0.0
+
+    def _route(self, active: ActiveFaults, t: float) -> None:
+        for dev in self.devices.values():
+            dev.offered_rps = dev.rejected = dev.errors = 0.0
+        self.offered.clear()
+        self.unserved.clear()
+        candidates: dict[tuple[str, str], list[tuple[Device, float]]] = {}
+        for dev in self.devices.values():
+            if dev.model is None or not dev.serving(t) or dev.lost:
+                continue
+            # the router balances by replica capacity (what a least-loaded policy converges to)
+            m = MODELS[dev.model]
+            w = (
+                self.router.weight(dev.model, dev.pool)
+                * self.host_weight(dev)
+                * (dev.spec.capacity_tokens_per_s(m) / m.generated_tokens)
+            )
+            if w > 0:
+                candidates.setdefault((dev.model, dev.node.region), []).append((dev, w))
+        for model in MODELS:
+            for region in REGIONS:
+                o = self.demand.at(model, region, t)
+                rps = self.scale.get((model, region), 0.0) * o.rps
+                rps = rps * active.demand_factor(model, region) + active.cold_rps(model, region)
+                if rps <= 0:
+                    continue
+                self.offered[(model, region)] = rps
+                spec = MODELS[model]
+                self.lengths[(model, region)] = (
+                    o.prompt_tokens or spec.prompt_tokens,
+                    o.generated_tokens or spec.generated_tokens,
+                )
+                targets = candidates.get((model, region)) or [
+                    c for r in REGIONS for c in candidates.get((model, r), [])
+                ]
+                total = sum(w for _, w in targets)
+                if total <= 0:
+                    self.unserved[(model, region)] = rps
+                    continue
+                for dev, w in targets:
+                    admit = self.router.admission_ratio.get(dev.pool, 1.0)
+                    dev.offered_rps += rps * w / total * admit
+                    dev.rejected += rps * w / total * (1.0 - admit)
+
+    def _serve(self, dev: Device, active: ActiveFaults, t: float, dt: float) -> None:
+        if dev.node.down or dev.lost:
+            dev.busy_ratio = dev.served_rps = dev.batch = 0.0
+            dev.power_watts = 0.0
+            return
+        health = dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
+        mode = CLOCK_LOW_FACTOR if dev.clock_mode is ClockMode.LOW else 1.0
+        dev.clock_ratio = min(mode, dev.cap_clock, dev.thermal_clock)
+        if dev.model is None or not dev.serving(t):
+            loading = dev.model is not None
+            dev.busy_ratio = 0.3 if loading else 0.0
+            dev.served_rps = dev.batch = dev.queue = 0.0
+            dev.tpot_s = dev.ttft_s = 0.0
+            return
+        m = MODELS[dev.model]
+        if dev.admin is AdminState.QUARANTINED:
+            dev.queue = 0.0
+        capacity_rps = (
+            dev.spec.capacity_tokens_per_s(m) * dev.clock_ratio * health / (m.generated_tokens)
+        )
+        cap = self.router.batch_size_max.get(dev.pool)
+        tpot_base = 0.006 + 0.016 * m.cost * 2400.0 / (
+            dev.spec.decode_tokens_per_s * dev.spec.speed.get(m.name, 1.0)
+        )
+        tpot = tpot_base / (dev.clock_ratio * health)
+        if cap is not None:  # a batch cap bounds concurrency: fewer tokens per second
+            capacity_rps = min(capacity_rps, cap / (tpot * (1 + cap / 128) * m.generated_tokens))
+        arrived = dev.offered_rps * dt
+        served = min(capacity_rps * dt, dev.queue + arrived)
+        dev.queue = dev.queue + arrived - served
+        limit = capacity_rps * QUEUE_LIMIT_S
+        if dev.queue > limit:
+            dev.rejected += dev.queue - limit
+            dev.queue = limit
+        dev.served_rps = served / dt
+        dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
+        dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)
+        dev.tpot_s = tpot * (1.0 + dev.batch / 128.0)
+        wait_s = dev.queue / capacity_rps if capacity_rps > 0 else QUEUE_LIMIT_S
+        prefill_s = m.prompt_tokens / (dev.spec.prefill_tokens_per_s * dev.clock_ratio * health)
+        dev.ttft_s = prefill_s * (1.0 + dev.batch / 256.0) + wait_s
+        if dev.failed:
+            dev.errors = dev.served_rps * dt
+        xid_errors = active.xid_error_ratio.get(dev.uuid, 0.0)
+        if dev.xid is not None and xid_errors > 0:
+            dev.errors += xid_errors * dev.served_rps * dt
+
+    def _heat(self, dev: Device, active: ActiveFaults, dt: float) -> None:
+        hw = dev.spec
+        reasons = 0
+        if dev.node.down or dev.lost:
+            dev.temp_celsius += (INLET_CELSIUS - dev.temp_celsius) * (1 - math.exp(-dt / 120.0))
+            dev.throttle_reasons = 0
+            return
+        # Dynamic power ~ f * V^2 with voltage tracking the clock: serving ``work`` (the share
+        # of full-clock capacity in use) at clock c draws idle + (limit - idle) * work * c.
+        # The firmware holds the cap within a step and picks the clock for the next one.
+        dyn_max = hw.power_limit_watts - hw.idle_watts
+        work = dev.busy_ratio * dev.clock_ratio
+        dev.power_watts = min(
+            hw.idle_watts + dyn_max * work * dev.clock_ratio,
+            max(hw.idle_watts, dev.power_cap_watts),
+        )
+        free = min(CLOCK_LOW_FACTOR if dev.clock_mode is ClockMode.LOW else 1.0, dev.thermal_clock)
+        if work > 0 and hw.idle_watts + dyn_max * work * free > dev.power_cap_watts:
+            reasons |= CLOCKS_SW_POWER_CAP
+            dev.cap_clock = max(0.2, (dev.power_cap_watts - hw.idle_watts) / (dyn_max * work))
+        else:
+            dev.cap_clock = 1.0
+        inlet = INLET_CELSIUS + active.inlet_rise.get(dev.node.node_id, 0.0)
+        resistance = hw.thermal_resistance_c_per_watt * active.resistance.get(dev.node.node_id, 1.0)
+        steady = inlet + resistance * dev.power_watts
+        dev.temp_celsius += (steady - dev.temp_celsius) * (
+            1 - math.exp(-dt / hw.thermal_time_constant_s)
+        )
+        if dev.temp_celsius >= hw.slowdown_celsius:
+            dev.thermal_clock = max(0.3, dev.thermal_clock - 0.1 * dt)
+            reasons |= CLOCKS_HW_SLOWDOWN | CLOCKS_HW_THERMAL
+        elif dev.temp_celsius < hw.slowdown_celsius - 3.0:
+            dev.thermal_clock = min(1.0, dev.thermal_clock + 0.05 * dt)
+        if dev.thermal_clock < 1.0:
+            reasons |= CLOCKS_HW_SLOWDOWN
+        dev.throttle_reasons = reasons
+        if dev.temp_celsius >= hw.shutdown_celsius:
+            dev.lost = True
+            self.faults.record(t_s=self.t_s, what="device_lost_overheat", target=dev.uuid)
+            dev.xid = 79 if hw.reports_xid else None
+
+    def _errors(self, dev: Device, active: ActiveFaults, t: float, dt: float) -> None:
+        if dev.lost:
+            return
+        dev.xid = None
+        if dev.node.down:
+            return
+        rate = active.sbe_rate.get(dev.uuid, BASE_SBE_PER_S)
+        sbe = _poisson(self.rng, rate * dt)
+        dev.sbe_volatile += sbe
+        dev.sbe_aggregate += sbe
+        if dev.uuid in active.dbe_now and not dev.failed:
+            dev.failed = True
+            dev.dbe_volatile += 1
+            dev.dbe_aggregate += 1
+            if dev.spec.kind in (AcceleratorType.A100, AcceleratorType.H100, AcceleratorType.B200):
+                dev.remapped_rows += 1
+            else:
+                dev.retired_pages += 1
+            dev.xid = 48 if dev.spec.reports_xid else None
+            self.faults.record(t_s=t, what="double_bit_ecc", target=dev.uuid)
+        xid = active.xid.get(dev.uuid)
+        if xid is not None and dev.spec.reports_xid and self.rng.random() < dt / xid[1]:
+            dev.xid = xid[0]
+
+    def _racks(self, active: ActiveFaults, t: float) -> None:
+        for rack in self.racks:
+            was_tripped = rack.tripped
+            rack.limit_ratio = active.breaker_ratio.get(rack.rack_id, 1.0)
+            if rack.tripped and rack.rack_id not in active.breaker_ratio:
+                rack.tripped = False  # the feed is repaired and the breaker reset
+            rack.power_watts = sum(
+                (0.0 if n.down else HOST_WATTS) + sum(d.power_watts for d in n.devices)
+                for n in rack.nodes
+            )
+            if rack.power_watts > rack.effective_limit_watts and not rack.tripped:
+                rack.over_since_s = rack.over_since_s if rack.over_since_s is not None else t
+                if t - rack.over_since_s >= active.trip_after_s.get(rack.rack_id, 10.0):
+                    rack.tripped = True
+                    self.faults.record(t_s=t, what="breaker_trip", target=rack.rack_id)
+            elif rack.power_watts <= rack.effective_limit_watts:
+                rack.over_since_s = None
+            for node in rack.nodes:
+                if was_tripped and not rack.tripped:
+                    self._reboot(node, t)
+                node.tripped = rack.tripped
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    """Poisson draw; Knuth for small means, normal approximation for large ones."""
+    if lam <= 0:
+        return 0
+    if lam > 30:
+        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
+    threshold, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= threshold:
+            return k
+        k += 1
