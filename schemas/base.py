@@ -50,6 +50,7 @@ class AcceleratorType(StrEnum):
     """Accelerator families the fleet runs."""
 
     H100 = "H100"
+    H200 = "H200"
     B200 = "B200"
     A100 = "A100"
     MI300X = "MI300X"

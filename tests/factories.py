@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from agents.simulated import SimulatedFleetAgent
 from schemas.base import Contract
 from schemas.codec import encode
+from schemas.commands import Command
 from schemas.signing import sign
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
 
@@ -70,18 +72,19 @@ def later(seconds: float) -> datetime:
 
 
 COMMAND_KEYS = {"k1": b"unit-test-secret-0001"}
+C = TypeVar("C", bound=Command)
 
 
-def signed_command(  # type: ignore[no-untyped-def]
-    cls,
+def signed_command(
+    cls: type[C],
     *,
     issued_at: datetime,
     ttl_s: float = 60.0,
     key_id: str = "k1",
     key: bytes | None = None,
     command_id: uuid.UUID | None = None,
-    **fields,
-):
+    **fields: Any,
+) -> C:
     """A command of type ``cls`` signed with the test key (or ``key``: a forgery)."""
     unsigned = cls(
         command_id=command_id or uuid.uuid4(),

@@ -59,7 +59,7 @@ class TelemetryBuilder:
             node.heartbeat_seq += 1
             for dev in node.devices:
                 if not dev.lost:
-                    out.append((ACCELERATOR, self._device(dev, at)))
+                    out.append((ACCELERATOR, self.device_sample(dev, at)))
             out.append((NODE_HEALTH, self._health(node, at, probes_due)))
             for dev in node.devices:
                 if dev.model is not None and dev.serving(f.t_s) and not dev.lost:
@@ -70,7 +70,9 @@ class TelemetryBuilder:
             out.append((DEMAND, self._demand(model, region, rps, at)))
         return out
 
-    def _device(self, dev: Device, at: datetime) -> AcceleratorTelemetry:
+    def device_sample(self, dev: Device, at: datetime | None = None) -> AcceleratorTelemetry:
+        """One accelerator sample of ``dev`` as it is now."""
+        at = at or self.fleet.now
         hw, node, rng = dev.spec, dev.node, self.rng
         ecc = hw.reports_ecc
         weights = MODELS[dev.model].weights_bytes if dev.model else 2 * GIB

@@ -20,6 +20,8 @@ FRAMEWORKS = {
     "faust",
     "mode",
     "aiokafka",
+    "aiohttp",
+    "pynvml",
     "river",
     "prometheus_client",
     "clickhouse_connect",

@@ -1,0 +1,1 @@
+"""Collectors: what a node agent reads from its hardware, behind one reader interface."""
