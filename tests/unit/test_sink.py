@@ -5,18 +5,30 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from schemas.base import Contract
+from schemas.commands import (
+    CommandResult,
+    ResultStatus,
+    RouteAction,
+    RouteCommand,
+    Target,
+    ThrottleAction,
+    ThrottleCommand,
+    WarmAction,
+    WarmCommand,
+)
 from schemas.topics import TELEMETRY_TOPICS
 from streams.clickhouse_store import ClickHouseStore
 from streams.ingest import RawMessage, split
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, instant_json
 from streams.sink import ClickHouseSink, Watermarks, batch_token
-from tests.factories import START, fleet_events, malformed_payloads
+from tests.factories import START, fleet_events, malformed_payloads, signed_command
 
 
 def _records(n: int, topic_prefix: str) -> list[tuple[Contract, Coordinates]]:
@@ -196,3 +208,63 @@ def test_read_only_queries_are_bounded(store: ClickHouseStore) -> None:
     assert store.query("SELECT count() FROM numbers(200000)", readonly=True).rows == [[200000]]
     with pytest.raises(Exception, match=r"(?i)limit for result exceeded"):
         store.query("SELECT number FROM numbers(200000)", readonly=True)
+
+
+def test_commands_of_every_type_and_their_results_land_in_their_tables(
+    store: ClickHouseStore,
+) -> None:
+    drain = signed_command(
+        RouteCommand,
+        issued_at=START,
+        action=RouteAction.DRAIN,
+        target=Target(device_uuid="node-00001-gpu2"),
+    )
+    cap = signed_command(
+        ThrottleCommand,
+        issued_at=START,
+        action=ThrottleAction.POWER_CAP,
+        target=Target(node_id="node-00001"),
+        power_limit_watts=450.0,
+    )
+    warm = signed_command(
+        WarmCommand,
+        issued_at=START,
+        action=WarmAction.WARM,
+        model="gemma-27b",
+        target=Target(pool="us-east-h100"),
+        replicas=2,
+    )
+    result = CommandResult(
+        result_id=uuid.uuid4(),
+        command_id=drain.command_id,
+        command_type="RouteCommand",
+        executor="node-executor",
+        status=ResultStatus.APPLIED,
+        detail="drained",
+        received_at=START,
+        completed_at=START,
+    )
+    records: list[tuple[Contract, Coordinates]] = [
+        (drain, Coordinates("c.commands.route.v1", 0, 0)),
+        (cap, Coordinates("c.commands.throttle.v1", 0, 0)),
+        (warm, Coordinates("c.commands.warm.v1", 0, 0)),
+        (result, Coordinates("c.commands.results.v1", 0, 0)),
+    ]
+    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    db = store.database
+    rows = store.query(
+        f"SELECT command_type, action, target_device_uuid, target_node_id, target_pool, "
+        f"JSONExtractRaw(parameters, 'power_limit_watts'), JSONExtractString(parameters, 'model'),"
+        f" signature = '{drain.signature}' FROM {db}.commands WHERE src_topic LIKE 'c.%' "
+        "ORDER BY command_type"
+    ).rows
+    assert rows == [
+        ["RouteCommand", "drain", "node-00001-gpu2", None, None, "", "", True],
+        ["ThrottleCommand", "power_cap", None, "node-00001", None, "450", "", False],
+        ["WarmCommand", "warm", None, None, "us-east-h100", "", "gemma-27b", False],
+    ]
+    stored = store.query(
+        f"SELECT toString(command_id), executor, status FROM {db}.command_results "
+        "WHERE src_topic LIKE 'c.%'"
+    ).rows
+    assert stored == [[str(drain.command_id), "node-executor", "applied"]]

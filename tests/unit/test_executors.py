@@ -1,0 +1,215 @@
+"""Executors hosted on the simulated fleet: ownership, results for every command, metrics."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agents.executors.executors import Scope, scope_of
+from agents.sim.control import SimControl
+from agents.sim.scenario import Scenario
+from agents.sim.simulation import Simulation
+from fleetloop.sim import build_host
+from schemas.codec import encode
+from schemas.commands import (
+    ClockMode,
+    Command,
+    ResultStatus,
+    RouteAction,
+    RouteCommand,
+    Target,
+    ThrottleAction,
+    ThrottleCommand,
+    WarmAction,
+    WarmCommand,
+)
+from schemas.topics import ROUTE_COMMANDS, WARM_COMMANDS
+from tests.factories import COMMAND_KEYS, START, signed_command
+
+DEVICE = Target(device_uuid="node-00000-gpu0")
+
+
+def _command(cls: type[Command], **fields: object) -> Command:
+    return signed_command(cls, issued_at=START, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("command", "scope"),
+    [
+        (_command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN), Scope.NODE),
+        (
+            _command(RouteCommand, target=Target(node_id="n"), action=RouteAction.QUARANTINE),
+            Scope.NODE,
+        ),
+        (
+            _command(
+                RouteCommand, target=Target(pool="p", device_uuid="d"), action=RouteAction.DRAIN
+            ),
+            Scope.ROUTER,
+        ),
+        (
+            _command(
+                RouteCommand,
+                target=Target(pool="p"),
+                action=RouteAction.DEWEIGHT,
+                weight_ratio=0.5,
+                model="m",
+            ),
+            Scope.ROUTER,
+        ),
+        (
+            _command(
+                ThrottleCommand,
+                target=DEVICE,
+                action=ThrottleAction.POWER_CAP,
+                power_limit_watts=300.0,
+            ),
+            Scope.NODE,
+        ),
+        (
+            _command(
+                ThrottleCommand,
+                target=DEVICE,
+                action=ThrottleAction.CLOCK_MODE,
+                clock_mode=ClockMode.LOW,
+            ),
+            Scope.NODE,
+        ),
+        (
+            _command(
+                ThrottleCommand,
+                target=Target(pool="p"),
+                action=ThrottleAction.ADMISSION,
+                admission_ratio=0.5,
+            ),
+            Scope.ROUTER,
+        ),
+        (
+            _command(WarmCommand, target=Target(pool="p"), action=WarmAction.WARM, model="m"),
+            Scope.WARMER,
+        ),
+    ],
+)
+def test_every_command_has_exactly_one_owner(command: Command, scope: Scope) -> None:
+    assert scope_of(command) is scope
+
+
+def _host(sim: Simulation | None = None, registry: CollectorRegistry | None = None):  # type: ignore[no-untyped-def]
+    sim = sim or Simulation(Scenario(), start=START)
+    sim.tick(0)
+    return sim, build_host(SimControl(sim.fleet), COMMAND_KEYS, registry or CollectorRegistry())
+
+
+def test_applied_duplicate_forged_expired_each_with_a_result() -> None:
+    registry = CollectorRegistry()
+    sim, host = _host(registry=registry)
+    now = sim.fleet.now
+    drain = _command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN)
+    forged = signed_command(
+        RouteCommand,
+        issued_at=START,
+        target=DEVICE,
+        action=RouteAction.DRAIN,
+        key=b"not-the-real-key-at-all",
+    )
+    expired = signed_command(
+        RouteCommand,
+        issued_at=START - timedelta(minutes=5),
+        ttl_s=30,
+        target=DEVICE,
+        action=RouteAction.DRAIN,
+    )
+    statuses = []
+    for c in (drain, drain, forged, expired):
+        result = host.handle(c, now=now, received_at=now)
+        assert result is not None and result.command_id == c.command_id
+        assert result.executor == "node-executor"
+        statuses.append(result.status)
+    assert statuses == [
+        ResultStatus.APPLIED,
+        ResultStatus.DUPLICATE,
+        ResultStatus.BAD_SIGNATURE,
+        ResultStatus.EXPIRED,
+    ]
+    assert sim.fleet.devices["node-00000-gpu0"].admin.value == "draining"
+    sample = registry.get_sample_value(
+        "fleetloop_executor_commands_total",
+        {"executor": "node-executor", "command_type": "RouteCommand", "status": "applied"},
+    )
+    assert sample == 1.0
+
+
+def test_malformed_and_foreign_commands_get_no_result_but_are_counted() -> None:
+    registry = CollectorRegistry()
+    sim, _ = _host()
+    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, registry)
+    del host.executors[Scope.WARMER]  # a host that runs no warmer
+    now = sim.fleet.now
+    assert host.handle_raw(ROUTE_COMMANDS, b"{not json", now=now, received_at=now) is None
+    warm = _command(
+        WarmCommand, target=Target(pool="us-east-h100"), action=WarmAction.WARM, model="gemma-27b"
+    )
+    assert host.handle_raw(WARM_COMMANDS, encode(warm), now=now, received_at=now) is None
+    assert (
+        registry.get_sample_value(
+            "fleetloop_executor_malformed_total", {"topic": ROUTE_COMMANDS.name}
+        )
+        == 1.0
+    )
+    assert registry.get_sample_value("fleetloop_executor_skipped_total", {"scope": "warmer"}) == 1.0
+
+
+def test_no_free_device_is_transient_and_a_retry_can_apply() -> None:
+    sim, host = _host()
+    now = sim.fleet.now
+    warm = _command(
+        WarmCommand,
+        target=Target(pool="us-east-mtia"),
+        action=WarmAction.WARM,
+        model="qwen-7b",
+        replicas=20,
+    )
+    first = host.handle(warm, now=now, received_at=now)
+    assert first is not None and first.status is ResultStatus.APPLIED
+    assert "short: no free device" in first.detail
+    again = _command(
+        WarmCommand, target=Target(pool="us-east-mtia"), action=WarmAction.WARM, model="qwen-7b"
+    )
+    full = host.handle(again, now=now, received_at=now)
+    assert full is not None and full.status is ResultStatus.FAILED_TRANSIENT
+    assert full.retry_after_s == 30.0
+    assert again.command_id not in host.executors[Scope.WARMER].gate.seen  # may be retried
+
+
+def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_forged() -> None:
+    sim, host = _host()
+    now = sim.fleet.now
+    bad = [
+        _command(RouteCommand, target=Target(pool="mars-h100"), action=RouteAction.DRAIN),
+        _command(
+            RouteCommand, target=Target(device_uuid="node-99999-gpu0"), action=RouteAction.DRAIN
+        ),
+        _command(
+            ThrottleCommand,
+            target=Target(pool="us-east-h100"),
+            action=ThrottleAction.POWER_CAP,
+            power_limit_watts=300.0,
+        ),
+        _command(
+            RouteCommand,
+            target=Target(pool="us-east-h100", device_uuid="node-00000-gpu0"),
+            action=RouteAction.DEWEIGHT,
+            weight_ratio=0.5,
+        ),
+    ]
+    for c in bad:
+        result = host.handle(c, now=now, received_at=now)
+        assert result is not None and result.status is ResultStatus.FAILED_PERMANENT, c
+    details = [
+        host.handle(c.model_copy(update={"command_id": uuid.uuid4()}), now=now, received_at=now)
+        for c in bad[:1]
+    ]
+    assert details[0] is not None and details[0].status is ResultStatus.BAD_SIGNATURE
