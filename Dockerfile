@@ -1,4 +1,4 @@
-# The fleetloop image: every deployable (agent, worker, CLI) from one wheel.
+# The fleetloop image: every deployable (sim and executors, agent, worker, CLI) from one wheel.
 FROM python:3.11.11-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
@@ -9,6 +9,7 @@ COPY agents ./agents
 COPY streams ./streams
 COPY fleetloop ./fleetloop
 COPY infra ./infra
+COPY scenarios ./scenarios
 RUN pip install --no-compile . && useradd --create-home fleetloop \
     && install -d -o fleetloop /home/fleetloop/spool
 USER fleetloop

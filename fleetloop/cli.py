@@ -174,12 +174,15 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from fleetloop.demo import run_demo
+    from fleetloop.demo import DEMO_SPEED, run_demo
 
+    given = getattr(args, "setting__speed", None) or os.environ.get("FLEETLOOP_SPEED")
+    speed = float(given) if given else DEMO_SPEED
     return run_demo(
         _settings(BrokerSettings, args),
-        _settings(AgentSettings, args),
+        _settings(SimSettings, args),
         keep_running=args.keep_running,
+        speed=speed,
     )
 
 
@@ -230,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the worker serving until Ctrl-C and leave the broker up",
     )
-    _add_settings_flags(demo, AgentSettings)
+    _add_settings_flags(demo, SimSettings)
     for name in ("broker_dir", "jar_dir", "port", "controller_port"):
         field = BrokerSettings.model_fields[name]
         demo.add_argument(

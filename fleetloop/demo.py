@@ -1,194 +1,370 @@
-"""`fleetloop demo`: the whole path live on embedded defaults.
+"""`fleetloop demo`: the closed loop, live, on embedded defaults.
 
-Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one), creates the
-topics, starts a stream worker (which owns the embedded ClickHouse), runs the
-simulated agents for a while, sends a few malformed messages to show the dead
-letter path, waits until ClickHouse holds every event, prints a summary and
-stops what it started.
+Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one) and creates the
+topics; starts a stream worker (which owns the embedded ClickHouse) and the
+simulated fleet with its node, router and warmer executors (`fleetloop sim`
+on ``scenarios/demo.yaml``), each as its own process. Then it plays the part
+the controllers will take (issues 4 to 6), reading only ClickHouse and
+acting only through signed commands on Kafka:
+
+- demand for a model loaded nowhere shows up -> warm it on a pool;
+- a device reports a double-bit ECC fault -> quarantine it (and replay the
+  command, which is answered ``duplicate``);
+- a forged and an expired command, which the executors refuse with a result.
+
+It ends with what ClickHouse holds: rows per table, every command with its
+result, the quarantined device going idle, the cold model starting to serve.
+A per-run HMAC key is generated unless ``FLEETLOOP_COMMAND_KEYS`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from datetime import UTC, datetime
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from agents.publisher import KafkaPublisher
-from agents.runner import run_agent
-from agents.simulated import SimulatedFleetAgent
 from fleetloop.kafka_broker import LocalKafkaBroker
-from fleetloop.settings import AgentSettings, BrokerSettings
+from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings
 from fleetloop.sqlclient import format_table, run_query
 from fleetloop.topics_admin import ensure_topics
-from schemas.topics import ACCELERATOR, SERVING
+from schemas.base import Contract
+from schemas.codec import encode
+from schemas.commands import RouteAction, RouteCommand, Target, WarmAction, WarmCommand
+from schemas.signing import sign
+from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, WARM_COMMANDS, TopicSpec
 
+DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
+DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
 MALFORMED = (
     (ACCELERATOR.name, b"{not json"),
     (ACCELERATOR.name, b'{"schema_version": 9}'),
     (SERVING.name, b'{"schema_version": 1, "tpot_p95_s": NaN}'),
 )
-
-SUMMARY_SQL = """
-SELECT 'accelerator_telemetry' AS table, count() AS rows, uniqExact(event_id) AS unique_ids
-FROM {db}.accelerator_telemetry WHERE ingested_at >= {since}
-UNION ALL SELECT 'node_health', count(), uniqExact(event_id) FROM {db}.node_health
-WHERE ingested_at >= {since}
-UNION ALL SELECT 'pdu_readings', count(), uniqExact(event_id) FROM {db}.pdu_readings
-WHERE ingested_at >= {since}
-UNION ALL SELECT 'serving_metrics', count(), uniqExact(event_id) FROM {db}.serving_metrics
-WHERE ingested_at >= {since}
-UNION ALL SELECT 'demand', count(), uniqExact(event_id) FROM {db}.demand
-WHERE ingested_at >= {since}
-UNION ALL SELECT 'dead_letters', count(), uniqExact(source_topic, source_partition, source_offset)
-FROM {db}.dead_letters WHERE ingested_at >= {since}
+TABLES = (
+    "accelerator_telemetry",
+    "node_health",
+    "pdu_readings",
+    "serving_metrics",
+    "demand",
+    "commands",
+    "command_results",
+)
+SUMMARY_SQL = (
+    " UNION ALL ".join(
+        f"SELECT '{t}' AS table, count() AS rows FROM {{db}}.{t} WHERE ingested_at >= {{since}}"
+        for t in TABLES
+    )
+    + " UNION ALL SELECT 'dead_letters', count() FROM {db}.dead_letters"
+    + " WHERE ingested_at >= {since}"
+)
+RESULTS_SQL = """
+SELECT c.action, coalesce(c.target_device_uuid, c.target_pool, c.target_node_id) AS target,
+       c.reason, r.executor, r.status, substring(r.detail, 1, 58) AS detail
+FROM {db}.command_results AS r INNER JOIN {db}.commands AS c ON c.command_id = r.command_id
+WHERE r.ingested_at >= {since} AND c.ingested_at >= {since}
+ORDER BY r.completed_at, r.src_offset LIMIT 1 BY r.result_id
+"""
+DEVICE_SQL = """
+SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
+       round(avg(gpu_util_ratio), 2) AS util, max(ecc_sbe_volatile_total) AS sbe,
+       max(ecc_dbe_volatile_total) AS dbe,
+       round(avg(power_usage_watts)) AS watts
+FROM {db}.accelerator_telemetry WHERE device_uuid = '{device}' AND ingested_at >= {since}
+GROUP BY t ORDER BY t
+"""
+COLD_SQL = """
+SELECT t, d.requests AS demanded, s.served AS served, s.replicas AS replicas
+FROM (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t, sum(requests) AS requests
+      FROM {db}.demand WHERE model = '{model}' AND ingested_at >= {since} GROUP BY t) AS d
+LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
+                  sum(requests) AS served, uniqExact(replica_id) AS replicas
+           FROM {db}.serving_metrics WHERE model = '{model}' AND ingested_at >= {since}
+           GROUP BY t) AS s USING t
+ORDER BY t
+"""
+DBE_SQL = """
+SELECT device_uuid FROM {db}.accelerator_telemetry
+WHERE ingested_at >= {since} AND ecc_dbe_volatile_total > 0 LIMIT 1
+"""
+COLD_DEMAND_SQL = """
+SELECT model, region, sum(requests) FROM {db}.demand WHERE ingested_at >= {since}
+AND model NOT IN (SELECT DISTINCT model FROM {db}.serving_metrics WHERE ingested_at >= {since})
+AND (SELECT uniqExact(observed_at) FROM {db}.serving_metrics WHERE ingested_at >= {since}) >= 10
+GROUP BY model, region HAVING sum(requests) > 0 LIMIT 1
 """
 
-FLEET_SQL = """
-SELECT accelerator_type, count() AS samples, round(avg(gpu_util_ratio), 3) AS util,
-       round(toFloat64(max(gpu_temp_celsius)), 1) AS max_temp_c,
-       round(avg(power_usage_watts)) AS avg_watts,
-       countIf(memory_temp_celsius IS NULL) AS no_mem_temp
-FROM {db}.accelerator_telemetry WHERE ingested_at >= {since}
-GROUP BY accelerator_type ORDER BY accelerator_type
-"""
+
+def _get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return dict(json.loads(response.read()))
 
 
-DEAD_SQL = """
-SELECT source_topic, source_offset, error_kind, substring(error, 1, 60) AS error
-FROM {db}.dead_letters WHERE ingested_at >= {since} ORDER BY received_at DESC LIMIT 5
-"""
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _wait(
+    probe: Callable[[], object],
+    procs: dict[str, subprocess.Popen[bytes]],
+    what: str,
+    timeout_s: float,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with code {proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with code {proc.returncode} (see var/{name}.log)"
+                )
+        with contextlib.suppress(OSError):
+            if probe():
                 return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"worker did not answer {url} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out waiting for {what}")
 
 
-def run_demo(broker_settings: BrokerSettings, agent: AgentSettings, *, keep_running: bool) -> int:
+def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log = Path(f"var/{name}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetloop", *args],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class Operator:
+    """Stands in for the controllers: reads ClickHouse, sends signed commands."""
+
+    def __init__(self, settings: SimSettings, sim_url: str, since: str) -> None:
+        self.s = settings
+        self.sim_url = sim_url
+        self.since = since
+        self.kid, self.key = settings.signing_key()
+        self.sent = 0
+        self.quarantined: str | None = None
+
+    def sim_now(self) -> datetime:
+        return datetime.fromisoformat(str(_get_json(self.sim_url + "/healthz")["sim_time"]))
+
+    def query(self, sql: str) -> list[list[object]]:
+        return run_query(self.s, sql.format(db=self.s.clickhouse_database, since=self.since)).rows
+
+    def send(
+        self, messages: list[tuple[TopicSpec, Contract]], raw: tuple[tuple[str, bytes], ...] = ()
+    ) -> None:
+        async def go() -> None:
+            async with KafkaPublisher(
+                self.s.kafka_bootstrap, topic_prefix=self.s.topic_prefix
+            ) as p:
+                for spec, value in messages:
+                    await p.publish_raw(spec.name, spec.key_for(value), encode(value))
+                for topic, payload in raw:
+                    await p.publish_raw(topic, b"demo", payload)
+                await p.flush()
+
+        asyncio.run(go())
+        self.sent += len(messages)
+
+    def route(
+        self,
+        device: str,
+        action: RouteAction,
+        reason: str,
+        *,
+        at: datetime | None = None,
+        ttl_s: float = 120.0,
+        key: bytes | None = None,
+    ) -> RouteCommand:
+        issued = at or self.sim_now()
+        command = RouteCommand(
+            command_id=uuid.uuid4(),
+            issued_at=issued,
+            expires_at=issued + timedelta(seconds=ttl_s),
+            issuer="demo-operator",
+            target=Target(device_uuid=device),
+            reason=reason,
+            action=action,
+        )
+        return sign(command, key_id=self.kid, key=key or self.key)
+
+    def warm(self, model: str, pool: str, replicas: int) -> WarmCommand:
+        now = self.sim_now()
+        command = WarmCommand(
+            command_id=uuid.uuid4(),
+            issued_at=now,
+            expires_at=now + timedelta(minutes=5),
+            issuer="demo-operator",
+            target=Target(pool=pool),
+            reason="cold_model_demand",
+            action=WarmAction.WARM,
+            model=model,
+            replicas=replicas,
+        )
+        return sign(command, key_id=self.kid, key=self.key)
+
+
+def run_demo(
+    broker_settings: BrokerSettings, settings: SimSettings, *, keep_running: bool, speed: float
+) -> int:
     """Run the demo; return a process exit code."""
-    run_started = datetime.now(UTC)
-    since = f"toDateTime64('{run_started:%Y-%m-%d %H:%M:%S}', 3, 'UTC')"  # this run's rows only
+    started = datetime.now(UTC)
+    since = f"toDateTime64('{started:%Y-%m-%d %H:%M:%S}', 3, 'UTC')"  # this run's rows only
     env = dict(os.environ)
     broker: LocalKafkaBroker | None = None
-    bootstrap = agent.kafka_bootstrap
     if "KAFKA_BOOTSTRAP" not in os.environ:
         broker = LocalKafkaBroker(broker_settings)
         print(f"[demo] starting Kafka {broker.version} (jars from Maven Central, cached)")
         print("[demo] " + broker.up().describe())
-        bootstrap = broker.bootstrap
-    env["KAFKA_BOOTSTRAP"] = bootstrap
-    created = asyncio.run(ensure_topics(bootstrap, prefix=agent.topic_prefix))
-    print(f"[demo] topics ready ({len(created)} created)")
-
-    web_port = agent.query_url.rsplit(":", 1)[-1].strip("/")
-    log_path = Path("var/worker.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleetloop",
-            "worker",
-            "--web-port",
-            web_port,
-            "--clickhouse-dir",
-            str(agent.clickhouse_dir),
-            "--worker-dir",
-            "var/worker",
-            "--topic-prefix",
-            agent.topic_prefix,
-        ],
-        env=env,
-        stdout=log_path.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    print(f"[demo] worker starting (log: {log_path})")
-    try:
-        _wait_http(agent.query_url + "/healthz", worker, timeout_s=90)
-        print(f"[demo] worker up; metrics at {agent.query_url}/metrics")
-        fleet = SimulatedFleetAgent(
-            nodes=agent.nodes,
-            devices_per_node=agent.devices_per_node,
-            seed=agent.seed,
-            start=datetime.now(UTC),
-            interval_s=agent.interval_s,
+        settings = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
+    env["KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    if settings.command_keys is None:  # a fresh key for this run, shared by issuer and executors
+        env["FLEETLOOP_COMMAND_KEYS"] = f"demo={secrets.token_urlsafe(24)}"
+        settings = settings.model_copy(
+            update={"command_keys": SecretStr(env["FLEETLOOP_COMMAND_KEYS"])}
         )
-        ticks = agent.ticks or 15
-
-        async def publish() -> int:
-            async with KafkaPublisher(bootstrap, topic_prefix=agent.topic_prefix) as pub:
-                sent = await run_agent(
-                    fleet,
-                    pub,
-                    ticks=ticks,
-                    interval_s=agent.interval_s,
-                    on_tick=lambda n, s: print(f"[demo] tick {n + 1}/{ticks}: {s} events acked"),
-                )
-                for topic, raw in MALFORMED:
-                    await pub.publish_raw(topic, b"demo", raw)
-                await pub.flush()
-                return sent
-
-        sent = asyncio.run(publish())
-        print(f"[demo] agents published {sent} events and {len(MALFORMED)} malformed messages")
-        db = agent.clickhouse_database
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            rows = run_query(agent, SUMMARY_SQL.format(db=db, since=since)).rows
-            stored = sum(int(r[1]) for r in rows if r[0] != "dead_letters")
-            dead = sum(int(r[1]) for r in rows if r[0] == "dead_letters")
-            if stored >= sent and dead >= len(MALFORMED):
-                break
-            time.sleep(1)
-        print("\n[demo] ClickHouse (embedded chDB, owned by the worker):")
-        print(format_table(run_query(agent, SUMMARY_SQL.format(db=db, since=since))))
-        print("\n[demo] fleet by accelerator type:")
-        print(format_table(run_query(agent, FLEET_SQL.format(db=db, since=since))))
-        print("\n[demo] dead letters:")
-        print(format_table(run_query(agent, DEAD_SQL.format(db=db, since=since))))
-        print("\n[demo] worker metrics (Prometheus, excerpt):")
-        with urllib.request.urlopen(agent.query_url + "/metrics", timeout=10) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(
-                    (
-                        "fleetloop_ingest_events_total",
-                        "fleetloop_sink_rows_total",
-                        "fleetloop_dead_letters_total",
-                    )
-                ):
-                    print("  " + line)
+    created = asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    print(f"[demo] topics ready ({len(created)} created)")
+    scenario = settings.scenario or DEMO_SCENARIO
+    ticks = settings.ticks or 240
+    web_port = settings.query_url.rsplit(":", 1)[-1].strip("/")
+    sim_url = f"http://{settings.web_bind}:{settings.web_port}"
+    procs = {
+        "worker": _spawn(
+            "worker",
+            [
+                "worker",
+                "--web-port",
+                web_port,
+                "--clickhouse-dir",
+                str(settings.clickhouse_dir),
+                "--worker-dir",
+                "var/worker",
+                "--topic-prefix",
+                settings.topic_prefix,
+            ],
+            env,
+        ),
+    }
+    print("[demo] stream worker starting (log: var/worker.log)")
+    try:
+        _wait(lambda: _get_json(settings.query_url + "/healthz"), procs, "the worker", 90)
+        procs["sim"] = _spawn(
+            "sim",
+            [
+                "sim",
+                "--scenario",
+                str(scenario),
+                "--speed",
+                str(speed),
+                "--ticks",
+                str(ticks),
+                "--web-port",
+                str(settings.web_port),
+                "--topic-prefix",
+                settings.topic_prefix,
+                *(["--nodes", str(settings.nodes)] if settings.nodes else []),
+            ],
+            env,
+        )
+        _wait(lambda: _get_json(sim_url + "/healthz"), procs, "the simulator", 60)
+        print(
+            f"[demo] fleet simulator up ({scenario.name}, x{speed:g} real time, {ticks} steps); "
+            f"router table at {sim_url}/routes, log var/sim.log"
+        )
+        op = Operator(settings, sim_url, since)
+        _play(op, procs, ticks / speed + 30)
+        _report(op, settings, sim_url)
         if keep_running:
-            print(
-                "\n[demo] the worker keeps serving; in another shell try\n"
-                f"  .venv/bin/fleetloop sql 'SELECT count() FROM {db}.demand'\n"
-                "[demo] Ctrl-C stops the worker; `fleetloop kafka down` stops the broker"
-            )
+            print("\n[demo] the worker keeps serving `fleetloop sql`; Ctrl-C stops it")
             with contextlib.suppress(KeyboardInterrupt):
-                worker.wait()
+                procs["worker"].wait()
         return 0
     finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        for proc in reversed(list(procs.values())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         if broker is not None and not keep_running:
             broker.down()
             print("[demo] broker stopped")
+
+
+def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: float) -> None:
+    """React to what ClickHouse shows until the simulator finishes its run."""
+    now = op.sim_now()
+    forged = op.route("node-00001-gpu0", RouteAction.DRAIN, "demo_forged", key=b"x" * 32)
+    expired = op.route(
+        "node-00002-gpu0",
+        RouteAction.DRAIN,
+        "demo_expired",
+        at=now - timedelta(minutes=10),
+        ttl_s=60,
+    )
+    op.send([(ROUTE_COMMANDS, forged), (ROUTE_COMMANDS, expired)], raw=MALFORMED)
+    print("[demo] sent a forged and an expired command, and 3 malformed telemetry messages")
+    warmed = quarantined = False
+    deadline = time.monotonic() + budget_s
+    while procs["sim"].poll() is None and time.monotonic() < deadline:
+        if not warmed and (cold := op.query(COLD_DEMAND_SQL)):
+            model, region, requests = cold[0]
+            op.send([(WARM_COMMANDS, op.warm(str(model), f"{region}-h100", 2))])
+            print(
+                f"[demo] {requests} requests for {model} in {region}, loaded nowhere: "
+                f"warm 2 replicas on {region}-h100"
+            )
+            warmed = True
+        if not quarantined and (dbe := op.query(DBE_SQL)):
+            device = str(dbe[0][0])
+            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc")
+            op.send([(ROUTE_COMMANDS, q), (ROUTE_COMMANDS, q)])  # the second is a replay
+            print(f"[demo] {device} reported a double-bit ECC fault: quarantine it (sent twice)")
+            quarantined = True
+            op.quarantined = device
+        time.sleep(1.0)
+    procs["sim"].wait(timeout=60)
+    print(f"[demo] the simulator finished; {op.sent} commands sent")
+
+
+def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
+    def table(title: str, sql: str, **fmt: str) -> None:
+        print(f"\n[demo] {title}")
+        db = settings.clickhouse_database
+        print(format_table(run_query(settings, sql.format(db=db, since=op.since, **fmt))))
+
+    expected = op.sent
+    for _ in range(60):  # let the worker catch up with the last results
+        rows = op.query("SELECT count() FROM {db}.command_results WHERE ingested_at >= {since}")
+        if int(str(rows[0][0])) >= expected:
+            break
+        time.sleep(1)
+    table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
+    table("every command and its result", RESULTS_SQL)
+    if op.quarantined:
+        table(
+            f"{op.quarantined}: ECC storm, double-bit fault, quarantine",
+            DEVICE_SQL,
+            device=op.quarantined,
+        )
+    table("gemma-27b: cold, then warmed", COLD_SQL, model="gemma-27b")
+    table(
+        "dead letters",
+        "SELECT source_topic, source_offset, error_kind FROM {db}.dead_letters "
+        "WHERE ingested_at >= {since} ORDER BY received_at",
+    )
+    print(f"\n[demo] ground truth of the injected faults: {settings.truth_file}")

@@ -132,7 +132,9 @@ class FaultClock:
                 continue
             k, p = s.kind, s.param
             if k is FaultKind.ECC_STORM and f.device_uuid:
-                grow = min(60.0, p("growth_per_s") * (t_s - s.start_s))
+                # the rate climbs until the double-bit fault, then stays at its peak
+                climb_s = min(t_s - s.start_s, p("lead_s"))
+                grow = min(60.0, p("growth_per_s") * climb_s)
                 a.sbe_rate[f.device_uuid] = p("base_sbe_per_s") * math.exp(grow)
                 if t_s >= s.start_s + p("lead_s"):
                     a.dbe_now.add(f.device_uuid)

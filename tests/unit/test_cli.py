@@ -64,3 +64,30 @@ def test_clickhouse_credentials_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatc
     settings = WorkerSettings()
     assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
     assert settings.clickhouse_server_url == "http://fleet:hunter2@ch:8123"
+
+
+def test_sim_without_keys_or_with_a_bad_scenario_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("FLEETLOOP_COMMAND_KEYS", raising=False)
+    assert main(["sim"]) == 1
+    assert "set FLEETLOOP_COMMAND_KEYS" in capsys.readouterr().err
+    monkeypatch.setenv("FLEETLOOP_COMMAND_KEYS", "k1=short")
+    assert main(["sim"]) == 1
+    assert "at least 16 characters" in capsys.readouterr().err
+    monkeypatch.setenv("FLEETLOOP_COMMAND_KEYS", "k1=a-long-enough-secret,k2=another-long-secret")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("faults: [{kind: ecc_storm, start_s: 1, duration_s: 5}]")
+    assert main(["sim", "--scenario", str(bad)]) == 1
+    assert "give target.node and .device" in capsys.readouterr().err
+
+
+def test_command_keys_rotate_by_key_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetloop.settings import SimSettings
+
+    monkeypatch.setenv("FLEETLOOP_COMMAND_KEYS", "old=0123456789abcdef,new=fedcba9876543210")
+    monkeypatch.setenv("FLEETLOOP_COMMAND_KEY_ID", "new")
+    settings = SimSettings()
+    assert set(settings.verification_keys()) == {"old", "new"}
+    assert settings.signing_key() == ("new", b"fedcba9876543210")
+    assert "fedcba" not in repr(settings)  # secrets stay out of reprs and logs

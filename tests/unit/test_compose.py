@@ -11,12 +11,12 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from fleetloop.cli import build_parser
-from fleetloop.settings import AgentSettings, ConnectionSettings, WorkerSettings
+from fleetloop.settings import ConnectionSettings, SimSettings, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
-OURS = {"topics": ConnectionSettings, "worker": WorkerSettings, "agent": AgentSettings}
+OURS = {"topics": ConnectionSettings, "worker": WorkerSettings, "sim": SimSettings}
 
 
 def _env_names(cls: type[BaseSettings]) -> set[str]:
@@ -65,8 +65,8 @@ def test_dependencies_exist_and_prometheus_scrapes_our_ports() -> None:
         t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]
     }
     assert f"worker:{SERVICES['worker']['environment']['FLEETLOOP_WEB_PORT']}" in targets
-    assert f"agent:{SERVICES['agent']['environment']['FLEETLOOP_METRICS_PORT']}" in targets
-    for setting in ("FLEETLOOP_WEB_BIND", "FLEETLOOP_METRICS_BIND"):
+    assert f"sim:{SERVICES['sim']['environment']['FLEETLOOP_WEB_PORT']}" in targets
+    for setting in ("FLEETLOOP_WEB_BIND",):
         values = [
             s["environment"].get(setting)
             for s in SERVICES.values()

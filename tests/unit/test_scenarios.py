@@ -28,7 +28,7 @@ RATES = REPO / "scenarios/data/servegen/rates_2days.csv"
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_shipped_scenario_loads_binds_and_runs(path: Path) -> None:
     sim = Simulation(load_scenario(path), start=START)
-    assert sim.ticks is not None
+    assert sim.ticks is None if path.stem == "steady" else sim.ticks
     for n in range(5):
         assert sim.tick(n)
 
