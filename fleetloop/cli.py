@@ -21,6 +21,7 @@ from fleetloop.settings import (
     AgentSettings,
     BrokerSettings,
     ConnectionSettings,
+    NodeSettings,
     SimSettings,
     WorkerSettings,
 )
@@ -151,6 +152,24 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         return 1
 
 
+def _cmd_node(args: argparse.Namespace) -> int:
+    from fleetloop.node import run_node
+
+    settings = _settings(NodeSettings, args)
+    try:
+        settings.verification_keys()
+    except ValueError as exc:
+        print(f"fleetloop node: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return run_node(settings)
+    except Exception as exc:  # NVML missing or refusing: say so plainly
+        if type(exc).__name__.startswith("NVMLError"):
+            print(f"fleetloop node: NVML: {exc} (is the NVIDIA driver loaded?)", file=sys.stderr)
+            return 1
+        raise
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from fleetloop.worker import run_worker
 
@@ -215,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings_flags(sim, SimSettings)
     sim.set_defaults(func=_cmd_sim)
+
+    node = sub.add_parser(
+        "node", help="a real GPU host: NVML telemetry and the node executor (power, clocks)"
+    )
+    _add_settings_flags(node, NodeSettings)
+    node.set_defaults(func=_cmd_node)
 
     worker = sub.add_parser("worker", help="run a stream worker")
     worker.add_argument("--loglevel", default="info")

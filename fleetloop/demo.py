@@ -157,7 +157,7 @@ class Operator:
         self.quarantined: str | None = None
 
     def sim_now(self) -> datetime:
-        return datetime.fromisoformat(str(_get_json(self.sim_url + "/healthz")["sim_time"]))
+        return datetime.fromisoformat(str(_get_json(self.sim_url + "/healthz")["source_time"]))
 
     def query(self, sql: str) -> list[list[object]]:
         return run_query(self.s, sql.format(db=self.s.clickhouse_database, since=self.since)).rows

@@ -7,6 +7,7 @@ CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli`).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -140,6 +141,29 @@ class SimSettings(ConnectionSettings, CommandKeySettings):
     send_timeout_s: float = Field(10.0, gt=0)
 
     @field_validator("spool_dir", "truth_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value in ("", "none") else value
+
+
+class NodeSettings(ConnectionSettings, CommandKeySettings):
+    """The agent and node executor of a real GPU host (`fleetloop node`), through NVML."""
+
+    node_id: str = Field(default_factory=socket.gethostname, description="this host's node id")
+    region: str = Field("unknown", description="where this host sits: region")
+    pod_id: str = Field("unknown", description="pod")
+    rack_id: str = Field("unknown", description="rack")
+    pdu_id: str = Field("unknown", description="the PDU feeding the rack")
+    interval_s: float = Field(1.0, gt=0, description="seconds between samples")
+    ticks: int | None = Field(None, ge=1, description="stop after this many samples")
+    web_port: int = Field(6071, ge=0, le=65535, description="metrics and health")
+    web_bind: str = "127.0.0.1"
+    group_id: str | None = Field(None, description="consumer group (default: one per node)")
+    spool_dir: Path | None = Field(Path("var/node-spool"), description="disk spool ('' disables)")
+    spool_max_bytes: int = Field(256 * 1024**2, gt=0)
+    send_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("spool_dir", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value in ("", "none") else value

@@ -9,16 +9,14 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from agents.executors.consumer import CommandConsumer
 from agents.executors.executors import NodeExecutor, RouterExecutor, Scope, Warmer
 from agents.executors.gate import CommandGate
 from agents.executors.host import ExecutorHost, HostedExecutor
-from agents.publisher import KafkaPublisher
+from agents.loop import LoopStats
 from agents.sim.control import SimControl
-from agents.sim.runner import LoopStats, run_closed_loop, serve_http
 from agents.sim.scenario import Scenario, load_scenario
 from agents.sim.simulation import Simulation
-from agents.spool import DiskSpool
+from fleetloop.loop import LoopWiring, run_loop
 from fleetloop.settings import SimSettings
 
 log = logging.getLogger(__name__)
@@ -57,46 +55,33 @@ async def run_sim_async(
     on_tick: Callable[[int, LoopStats], None] | None = None,
 ) -> LoopStats:
     registry = registry or CollectorRegistry()
-    keys = settings.verification_keys()
     control = SimControl(sim.fleet)
-    host = build_host(control, keys, registry)
-    ticks = settings.ticks or sim.ticks
+    host = build_host(control, settings.verification_keys(), registry)
+    wiring = LoopWiring(
+        bootstrap=settings.kafka_bootstrap,
+        topic_prefix=settings.topic_prefix,
+        group_id=settings.group_id,
+        client_id="fleetloop-sim",
+        web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        spool_dir=settings.spool_dir,
+        spool_max_bytes=settings.spool_max_bytes,
+        send_timeout_s=settings.send_timeout_s,
+        pages={"/routes": control.table},
+    )
     if settings.truth_file is not None:
         sim.write_truth(settings.truth_file)
-    web = await serve_http(control, registry, port=settings.web_port, bind=settings.web_bind)
-    spool = (
-        DiskSpool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
-        if settings.spool_dir
-        else None
-    )
     try:
-        async with (
-            KafkaPublisher(
-                settings.kafka_bootstrap,
-                topic_prefix=settings.topic_prefix,
-                registry=registry,
-                spool=spool,
-                send_timeout_s=settings.send_timeout_s,
-                client_id="fleetloop-sim",
-            ) as publisher,
-            CommandConsumer(
-                settings.kafka_bootstrap,
-                group_id=settings.group_id,
-                topic_prefix=settings.topic_prefix,
-            ) as consumer,
-        ):
-            return await run_closed_loop(
-                sim,
-                host,
-                publisher,
-                consumer,
-                ticks=ticks,
-                speed=settings.speed,
-                registry=registry,
-                on_tick=on_tick,
-            )
+        return await run_loop(
+            sim,
+            host,
+            wiring,
+            ticks=settings.ticks or sim.ticks,
+            speed=settings.speed,
+            registry=registry,
+            on_tick=on_tick,
+        )
     finally:
-        await web.cleanup()
         if settings.truth_file is not None:
             sim.write_truth(settings.truth_file)  # with the consequences observed
 

@@ -63,6 +63,7 @@ class HostedExecutor:
     name: str  # appears in results, e.g. "node-executor"
     actuator: Actuator[Any]
     gate: CommandGate
+    accepts: Callable[[Command], bool] | None = None  # e.g. only this host's node and devices
 
 
 class ExecutorHost:
@@ -97,7 +98,7 @@ class ExecutorHost:
     ) -> CommandResult | None:
         scope = scope_of(command)
         hosted = self.executors.get(scope)
-        if hosted is None:
+        if hosted is None or (hosted.accepts is not None and not hosted.accepts(command)):
             self.metrics.not_mine.labels(scope.value).inc()
             return None
         result = execute(

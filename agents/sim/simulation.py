@@ -80,6 +80,15 @@ class Simulation:
         self.telemetry = TelemetryBuilder(self.fleet, seed=spec.seed)
 
     @property
+    def now(self) -> datetime:
+        """The fleet's clock: the end of the last step."""
+        return self.fleet.now
+
+    @property
+    def interval_s(self) -> float:
+        return self.fleet.interval_s
+
+    @property
     def ticks(self) -> int | None:
         """Steps the scenario asks for (None: run until stopped)."""
         d = self.scenario.duration_s

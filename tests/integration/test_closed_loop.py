@@ -85,7 +85,7 @@ class SimProcess:
             return json.loads(response.read())
 
     def now(self) -> datetime:
-        return datetime.fromisoformat(self.get("/healthz")["sim_time"])
+        return datetime.fromisoformat(self.get("/healthz")["source_time"])
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,20 +1,23 @@
-"""The closed loop around a simulated fleet: commands in, telemetry and results out.
+"""The node-side closed loop: commands in, telemetry and results out.
 
-Each tick, in this order:
+It drives anything with a clock and a ``tick``: the simulated fleet (all its
+executors) or a real GPU host (its NVML reader and node executor). Each tick,
+in this order:
 
-1. take the commands consumed since the last tick and hand each to its
-   executor (node, router, warmer) at the fleet's current simulated instant;
-2. step the fleet, so the next telemetry already shows what the commands did;
+1. take the commands consumed since the last tick and hand each to the host's
+   executors at the source's current instant;
+2. tick the source (step the fleet, or read the hardware), so the telemetry
+   already shows what the commands did;
 3. publish the results and the telemetry (spooled to disk if the broker is away);
 4. commit the command offsets, only now that their results are out;
 5. wait ``interval_s / speed`` of wall time.
 
-Executors judge expiry on the fleet's clock, the clock of what they act on,
-so a fleet run faster than real time still honours commands stamped with its
-event times.
+Executors judge expiry on the source's clock, the clock of what they act on:
+a simulated fleet run faster than real time still honours commands stamped
+with its event times; a real host uses the wall clock.
 
-The router's table is served as JSON at ``GET /routes`` beside ``/metrics``
-and ``/healthz`` (aiohttp).
+``serve_http`` serves ``/metrics``, ``/healthz`` (with the source's time) and
+any extra JSON pages (the simulated router's table at ``/routes``) over aiohttp.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -38,11 +43,9 @@ from prometheus_client import (
 from agents.executors.consumer import CommandConsumer
 from agents.executors.host import ExecutorHost
 from agents.publisher import KafkaPublisher
-from agents.runner import publish_tick
-from agents.sim.control import SimControl
-from agents.sim.simulation import Simulation
-from agents.sim.telemetry import Record
-from schemas.topics import COMMAND_RESULTS
+from agents.runner import Records, publish_tick
+from schemas.base import Contract
+from schemas.topics import COMMAND_RESULTS, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +58,37 @@ class LoopStats:
     acked: int = 0
 
 
-class SimMetrics:
+class LoopSource(Protocol):
+    """What the loop drives: a clock, a step length and a tick that returns telemetry."""
+
+    @property
+    def now(self) -> datetime: ...
+
+    @property
+    def interval_s(self) -> float: ...
+
+    def tick(self, n: int) -> Records: ...
+
+
+class LoopMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.ticks = Counter("fleetloop_sim_ticks_total", "Simulated steps", registry=registry)
+        self.ticks = Counter(
+            "fleetloop_loop_ticks_total", "Ticks of the node loop", registry=registry
+        )
         self.lag = Gauge(
-            "fleetloop_sim_behind_seconds",
-            "Wall seconds the simulation is behind its schedule (0 when keeping up)",
+            "fleetloop_loop_behind_seconds",
+            "Wall seconds the loop is behind its schedule (0 when keeping up)",
             registry=registry,
         )
-        self.sim_time = Gauge(
-            "fleetloop_sim_time_seconds", "Simulated seconds since the run began", registry=registry
+        self.source_time = Gauge(
+            "fleetloop_loop_source_time_seconds",
+            "The source's clock (simulated time for the simulator), Unix seconds",
+            registry=registry,
         )
 
 
 async def run_closed_loop(
-    sim: Simulation,
+    source: LoopSource,
     host: ExecutorHost,
     publisher: KafkaPublisher,
     consumer: CommandConsumer | None,
@@ -81,21 +100,21 @@ async def run_closed_loop(
     on_tick: Callable[[int, LoopStats], None] | None = None,
 ) -> LoopStats:
     """Run until ``ticks`` steps (forever when None); see the module docstring."""
-    metrics = SimMetrics(registry or CollectorRegistry())
+    metrics = LoopMetrics(registry or CollectorRegistry())
     stats = LoopStats()
-    wall_interval_s = sim.fleet.interval_s / speed
+    wall_interval_s = source.interval_s / speed
     next_at = monotonic()
     n = 0
     while ticks is None or n < ticks:
         consumed = await consumer.poll(0.0) if consumer is not None else []
-        now = sim.fleet.now
-        records: list[Record] = []
+        now = source.now
+        records: list[tuple[TopicSpec, Contract]] = []
         for c in consumed:
             result = host.handle_raw(c.spec, c.value, now=now, received_at=now)
             if result is not None:
                 records.append((COMMAND_RESULTS, result))
         stats.results += len(records)
-        events = sim.tick(n)
+        events = source.tick(n)
         stats.events += len(events)
         records.extend(events)
         stats.acked += await publish_tick(publisher, records)
@@ -104,7 +123,7 @@ async def run_closed_loop(
         n += 1
         stats.ticks = n
         metrics.ticks.inc()
-        metrics.sim_time.set(sim.fleet.t_s)
+        metrics.source_time.set(source.now.timestamp())
         if on_tick is not None:
             on_tick(n, stats)
         next_at += wall_interval_s
@@ -115,12 +134,20 @@ async def run_closed_loop(
 
 
 async def serve_http(
-    control: SimControl, registry: CollectorRegistry, *, port: int, bind: str
+    registry: CollectorRegistry,
+    *,
+    clock: Callable[[], datetime],
+    port: int,
+    bind: str,
+    pages: dict[str, Callable[[], Any]] | None = None,
 ) -> web.AppRunner:
-    """Start the router table, metrics and health pages; the caller cleans the runner up."""
+    """Start ``/metrics``, ``/healthz`` and JSON ``pages``; the caller cleans the runner up."""
 
-    async def routes(request: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(control.table()), content_type="application/json")
+    def json_page(produce: Callable[[], Any]) -> Callable[[web.Request], Any]:
+        async def page(request: web.Request) -> web.Response:
+            return web.Response(text=json.dumps(produce()), content_type="application/json")
+
+        return page
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(
@@ -128,12 +155,13 @@ async def serve_http(
         )
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "sim_time": control.fleet.now.isoformat()})
+        return web.json_response({"status": "ok", "source_time": clock().isoformat()})
 
     app = web.Application()
-    app.router.add_get("/routes", routes)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    for path, produce in (pages or {}).items():
+        app.router.add_get(path, json_page(produce))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, bind, port).start()

@@ -1,0 +1,74 @@
+"""Wiring shared by `fleetloop sim` and `fleetloop node`: web pages, spool, producer,
+command consumer, and the closed loop around a source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agents.executors.consumer import CommandConsumer
+from agents.executors.host import ExecutorHost
+from agents.loop import LoopSource, LoopStats, run_closed_loop, serve_http
+from agents.publisher import KafkaPublisher
+from agents.spool import DiskSpool
+
+
+@dataclass(frozen=True, slots=True)
+class LoopWiring:
+    bootstrap: str
+    topic_prefix: str
+    group_id: str
+    client_id: str
+    web_port: int
+    web_bind: str
+    spool_dir: Path | None
+    spool_max_bytes: int
+    send_timeout_s: float
+    pages: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+
+async def run_loop(
+    source: LoopSource,
+    host: ExecutorHost,
+    wiring: LoopWiring,
+    *,
+    ticks: int | None,
+    speed: float = 1.0,
+    registry: CollectorRegistry,
+    on_tick: Callable[[int, LoopStats], None] | None = None,
+) -> LoopStats:
+    w = wiring
+    web = await serve_http(
+        registry, clock=lambda: source.now, port=w.web_port, bind=w.web_bind, pages=w.pages
+    )
+    spool = DiskSpool(w.spool_dir, max_bytes=w.spool_max_bytes) if w.spool_dir else None
+    try:
+        async with (
+            KafkaPublisher(
+                w.bootstrap,
+                topic_prefix=w.topic_prefix,
+                registry=registry,
+                spool=spool,
+                send_timeout_s=w.send_timeout_s,
+                client_id=w.client_id,
+            ) as publisher,
+            CommandConsumer(
+                w.bootstrap, group_id=w.group_id, topic_prefix=w.topic_prefix, client_id=w.client_id
+            ) as consumer,
+        ):
+            return await run_closed_loop(
+                source,
+                host,
+                publisher,
+                consumer,
+                ticks=ticks,
+                speed=speed,
+                registry=registry,
+                on_tick=on_tick,
+            )
+    finally:
+        await web.cleanup()

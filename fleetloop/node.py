@@ -1,0 +1,76 @@
+"""`fleetloop node`: the agent and node executor of a real GPU host, through NVML."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agents.collectors.base import NodeIdentity
+from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl
+from agents.executors.executors import NodeExecutor, Scope
+from agents.executors.gate import CommandGate
+from agents.executors.host import ExecutorHost, HostedExecutor
+from agents.gpu_host import GpuHost
+from agents.loop import LoopStats
+from fleetloop.loop import LoopWiring, run_loop
+from fleetloop.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def identity_of(settings: NodeSettings) -> NodeIdentity:
+    return NodeIdentity(
+        settings.node_id, settings.region, settings.pod_id, settings.rack_id, settings.pdu_id
+    )
+
+
+async def run_node_async(
+    settings: NodeSettings,
+    *,
+    nvml: Any = None,
+    registry: CollectorRegistry | None = None,
+    on_tick: Callable[[int, LoopStats], None] | None = None,
+) -> LoopStats:
+    """Sample NVML every ``interval_s`` and act on this host's commands (``nvml``: a fake in
+    tests, the real pynvml otherwise)."""
+    registry = registry or CollectorRegistry()
+    identity = identity_of(settings)
+    reader = NvmlGpuReader(identity, nvml=nvml)
+    control = NvmlNodeControl(identity, nvml=nvml)
+    gpu_host = GpuHost(identity, reader, interval_s=settings.interval_s)
+    executor = HostedExecutor(
+        "node-executor",
+        NodeExecutor(control),
+        CommandGate(keys=settings.verification_keys()),
+        accepts=gpu_host.addressed_to_me,
+    )
+    host = ExecutorHost({Scope.NODE: executor}, registry=registry)
+    wiring = LoopWiring(
+        bootstrap=settings.kafka_bootstrap,
+        topic_prefix=settings.topic_prefix,
+        group_id=settings.group_id or f"fleetloop-node-{settings.node_id}",
+        client_id=f"fleetloop-node-{settings.node_id}",
+        web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        spool_dir=settings.spool_dir,
+        spool_max_bytes=settings.spool_max_bytes,
+        send_timeout_s=settings.send_timeout_s,
+    )
+    try:
+        return await run_loop(
+            gpu_host, host, wiring, ticks=settings.ticks, registry=registry, on_tick=on_tick
+        )
+    finally:
+        reader.close()
+        control.session.close()
+
+
+def run_node(settings: NodeSettings) -> int:
+    print(f"[node] {settings.node_id}: NVML every {settings.interval_s:g}s, node executor on")
+    stats = asyncio.run(run_node_async(settings))
+    print(f"[node] {stats.ticks} samples, {stats.events} events, {stats.results} command results")
+    return 0
