@@ -98,8 +98,13 @@ async def run_closed_loop(
     registry: CollectorRegistry | None = None,
     monotonic: Callable[[], float] = time.monotonic,
     on_tick: Callable[[int, LoopStats], None] | None = None,
+    on_published: Callable[[LoopStats], None] | None = None,
 ) -> LoopStats:
-    """Run until ``ticks`` steps (forever when None); see the module docstring."""
+    """Run until ``ticks`` steps (forever when None); see the module docstring.
+
+    ``on_published`` runs after a tick's results are out and before the command
+    offsets are committed: the place to persist the executors' replay memory.
+    """
     metrics = LoopMetrics(registry or CollectorRegistry())
     stats = LoopStats()
     wall_interval_s = source.interval_s / speed
@@ -118,6 +123,8 @@ async def run_closed_loop(
         stats.events += len(events)
         records.extend(events)
         stats.acked += await publish_tick(publisher, records)
+        if on_published is not None:
+            on_published(stats)
         if consumed and consumer is not None:
             await consumer.commit()
         n += 1

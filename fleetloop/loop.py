@@ -40,6 +40,7 @@ async def run_loop(
     speed: float = 1.0,
     registry: CollectorRegistry,
     on_tick: Callable[[int, LoopStats], None] | None = None,
+    on_published: Callable[[LoopStats], None] | None = None,
 ) -> LoopStats:
     w = wiring
     web = await serve_http(
@@ -69,6 +70,7 @@ async def run_loop(
                 speed=speed,
                 registry=registry,
                 on_tick=on_tick,
+                on_published=on_published,
             )
     finally:
         await web.cleanup()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -12,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agents.collectors.base import NodeIdentity
 from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl
 from agents.executors.executors import NodeExecutor, Scope
-from agents.executors.gate import CommandGate
+from agents.executors.gate import CommandGate, SeenCommands
 from agents.executors.host import ExecutorHost, HostedExecutor
 from agents.gpu_host import GpuHost
 from agents.loop import LoopStats
@@ -42,12 +43,21 @@ async def run_node_async(
     reader = NvmlGpuReader(identity, nvml=nvml)
     control = NvmlNodeControl(identity, nvml=nvml)
     gpu_host = GpuHost(identity, reader, interval_s=settings.interval_s)
+    seen = load_seen(settings.seen_file)
+    gate = CommandGate(keys=settings.verification_keys(), seen=seen)
     executor = HostedExecutor(
-        "node-executor",
-        NodeExecutor(control),
-        CommandGate(keys=settings.verification_keys()),
-        accepts=gpu_host.addressed_to_me,
+        "node-executor", NodeExecutor(control), gate, accepts=gpu_host.addressed_to_me
     )
+    handled = 0
+
+    def remember(stats: LoopStats) -> None:
+        # after the results are out, before the offsets are committed: a crash in between
+        # redelivers commands that were applied; power limits and clocks are idempotent
+        nonlocal handled
+        if settings.seen_file is not None and stats.results != handled:
+            save_seen(settings.seen_file, gate.seen)
+            handled = stats.results
+
     host = ExecutorHost({Scope.NODE: executor}, registry=registry)
     wiring = LoopWiring(
         bootstrap=settings.kafka_bootstrap,
@@ -62,11 +72,31 @@ async def run_node_async(
     )
     try:
         return await run_loop(
-            gpu_host, host, wiring, ticks=settings.ticks, registry=registry, on_tick=on_tick
+            gpu_host,
+            host,
+            wiring,
+            ticks=settings.ticks,
+            registry=registry,
+            on_tick=on_tick,
+            on_published=remember,
         )
     finally:
         reader.close()
         control.session.close()
+
+
+def load_seen(path: Path | None) -> SeenCommands:
+    """The replay memory a previous run left, so a redelivered command is a duplicate."""
+    if path is None or not path.exists():
+        return SeenCommands()
+    return SeenCommands.from_json(path.read_text())
+
+
+def save_seen(path: Path, seen: SeenCommands) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(seen.to_json())
+    tmp.replace(path)
 
 
 def run_node(settings: NodeSettings) -> int:

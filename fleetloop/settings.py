@@ -162,8 +162,12 @@ class NodeSettings(ConnectionSettings, CommandKeySettings):
     spool_dir: Path | None = Field(Path("var/node-spool"), description="disk spool ('' disables)")
     spool_max_bytes: int = Field(256 * 1024**2, gt=0)
     send_timeout_s: float = Field(10.0, gt=0)
+    seen_file: Path | None = Field(
+        Path("var/node-state/seen-commands.json"),
+        description="command ids already handled, kept across restarts ('' disables)",
+    )
 
-    @field_validator("spool_dir", mode="before")
+    @field_validator("spool_dir", "seen_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value in ("", "none") else value

@@ -200,6 +200,7 @@ class Fleet:
         self.racks: list[Rack] = []
         self.devices: dict[str, Device] = {}
         self._place(spec)
+        self._nodes_by_id = {n.node_id: n for n in self.nodes}
         self.scale = self._demand_scale(load_ratio)
         self.offered: dict[tuple[str, str], float] = {}  # (model, region) -> rps this step
         self.lengths: dict[tuple[str, str], tuple[float, float]] = {}  # prompt, generated
@@ -279,7 +280,7 @@ class Fleet:
         return self.start + timedelta(seconds=self.t_s)
 
     def node(self, node_id: str) -> Node | None:
-        return next((n for n in self.nodes if n.node_id == node_id), None)
+        return self._nodes_by_id.get(node_id)
 
     # -- one step -----------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
         ticks=40,
         web_port=free_port(),
         spool_dir=tmp_path / "spool",
+        seen_file=tmp_path / "state" / "seen.json",
         command_keys=keys,
     )
     now = datetime.now(UTC)
@@ -101,3 +102,29 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
     beats = [v for t, v in seen if t.endswith(NODE_HEALTH.name)]
     assert [b["heartbeat_seq"] for b in beats] == list(range(1, 41))
     assert all(b["node_id"] == "node-7" and b["rack_id"] == "rack-0003" for b in beats)
+
+    # A restarted node remembers what it handled: the same command again is a duplicate.
+    assert settings.seen_file is not None and settings.seen_file.exists()
+    nvml.gpus[0].limit_mw = 700_000
+
+    async def replay() -> None:
+        node = asyncio.create_task(
+            run_node_async(
+                settings.model_copy(update={"ticks": 15}), nvml=nvml, registry=CollectorRegistry()
+            )
+        )
+        async with KafkaPublisher(kafka_bootstrap, topic_prefix=topic_prefix) as pub:
+            await pub.publish_raw(
+                THROTTLE_COMMANDS.name, THROTTLE_COMMANDS.key_for(mine), encode(mine)
+            )
+            await pub.flush()
+        assert (await node).results == 1
+
+    asyncio.run(replay())
+    results = [
+        v
+        for t, v in asyncio.run(_read_all(kafka_bootstrap, names))
+        if t.endswith(COMMAND_RESULTS.name)
+    ]
+    assert [r["status"] for r in results] == ["applied", "duplicate"]
+    assert nvml.gpus[0].limit_mw == 700_000  # not applied again
