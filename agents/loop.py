@@ -23,6 +23,7 @@ any extra JSON pages (the simulated router's table at ``/routes``) over aiohttp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -99,8 +100,10 @@ async def run_closed_loop(
     monotonic: Callable[[], float] = time.monotonic,
     on_tick: Callable[[int, LoopStats], None] | None = None,
     on_published: Callable[[LoopStats], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> LoopStats:
-    """Run until ``ticks`` steps (forever when None); see the module docstring.
+    """Run until ``ticks`` steps (forever when None) or until ``stop`` is set, always at a
+    tick boundary (results out, offsets committed); see the module docstring.
 
     ``on_published`` runs after a tick's results are out and before the command
     offsets are committed: the place to persist the executors' replay memory.
@@ -110,7 +113,7 @@ async def run_closed_loop(
     wall_interval_s = source.interval_s / speed
     next_at = monotonic()
     n = 0
-    while ticks is None or n < ticks:
+    while (ticks is None or n < ticks) and not (stop is not None and stop.is_set()):
         consumed = await consumer.poll(0.0) if consumer is not None else []
         now = source.now
         records: list[tuple[TopicSpec, Contract]] = []
@@ -136,7 +139,11 @@ async def run_closed_loop(
         next_at += wall_interval_s
         behind = monotonic() - next_at
         metrics.lag.set(max(0.0, behind))
-        await asyncio.sleep(max(0.0, -behind))
+        if stop is None:
+            await asyncio.sleep(max(0.0, -behind))
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, -behind))
     return stats
 
 

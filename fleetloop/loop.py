@@ -3,6 +3,8 @@ command consumer, and the closed loop around a source."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,13 @@ async def run_loop(
     on_tick: Callable[[int, LoopStats], None] | None = None,
     on_published: Callable[[LoopStats], None] | None = None,
 ) -> LoopStats:
+    """Run the loop until its ticks are done or SIGTERM/SIGINT ask it to stop at the next
+    tick boundary, with everything flushed and committed."""
     w = wiring
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     web = await serve_http(
         registry, clock=lambda: source.now, port=w.web_port, bind=w.web_bind, pages=w.pages
     )
@@ -71,6 +79,9 @@ async def run_loop(
                 registry=registry,
                 on_tick=on_tick,
                 on_published=on_published,
+                stop=stop,
             )
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         await web.cleanup()

@@ -87,13 +87,16 @@ class SimProcess:
     def now(self) -> datetime:
         return datetime.fromisoformat(self.get("/healthz")["source_time"])
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        return self.proc.wait()
 
     def log_tail(self) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
@@ -269,3 +272,7 @@ def test_drain_reaches_the_device_and_forged_expired_replayed_commands_are_answe
         f"AND observed_at > toDateTime64('{applied_at}', 3, 'UTC')"
     )
     assert float(worker.sql(others)[0][0]) > 0.1  # the rest of the fleet keeps serving
+
+    # SIGTERM stops the simulator at a tick boundary, with everything flushed and committed.
+    assert sim.stop() == 0, sim.log_tail()
+    assert "command results" in sim.log_tail()
