@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from agents.executors.gate import PermanentActuatorError, TransientActuatorError
-from agents.sim.fleet import AdminState, Device, Fleet
+from agents.sim.fleet import Fleet
 from agents.sim.hardware import MODELS
+from agents.sim.state import AdminState, Device
 from schemas.commands import ClockMode, RouteAction, Target
 
 ADMISSION = {

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from agents.sim.demand import DemandSource
 from agents.sim.faults import ActiveFaults, FaultClock
@@ -44,135 +42,27 @@ from agents.sim.hardware import (
     MODELS,
     REGIONS,
     SERVED_AT_START,
-    AcceleratorSpec,
     node_type,
 )
 from agents.sim.scenario import FleetSpec
+from agents.sim.state import (
+    INLET_CELSIUS,
+    AdminState,
+    Device,
+    Node,
+    Rack,
+    RouterTable,
+)
 from schemas.base import AcceleratorType
 from schemas.commands import ClockMode
 
 NODES_PER_RACK = 4
 RACKS_PER_POD = 2
 HOST_WATTS = 600.0  # CPUs, NICs, fans per node
-INLET_CELSIUS = 25.0
 BATCH_MAX = 256
 QUEUE_LIMIT_S = 30.0  # a queue longer than this many seconds of service rejects requests
 BASE_SBE_PER_S = 2e-4
 BREAKER_RATIO = 0.6  # racks are oversubscribed: the breaker is well below the nameplate sum
-
-
-class AdminState(StrEnum):
-    """What a host accepts, set by the node executor (the isolation ladder)."""
-
-    ACTIVE = "active"
-    DEWEIGHTED = "deweighted"
-    NO_NEW_SESSIONS = "no_new_sessions"
-    DRAINING = "draining"
-    QUARANTINED = "quarantined"
-
-
-def pool_of(region: str, kind: AcceleratorType) -> str:
-    """Accelerator pool name: region and accelerator type, e.g. ``us-east-h100``."""
-    return f"{region}-{kind.value.lower()}"
-
-
-@dataclass(slots=True)
-class Device:
-    uuid: str
-    index: int
-    node: Node
-    spec: AcceleratorSpec
-    model: str | None = None
-    ready_at_s: float = 0.0  # serving once the step time reaches this (loading before)
-    admin: AdminState = AdminState.ACTIVE
-    weight_ratio: float = 1.0
-    power_cap_watts: float = 0.0
-    clock_mode: ClockMode = ClockMode.DEFAULT
-    temp_celsius: float = INLET_CELSIUS + 10.0
-    cap_clock: float = 1.0  # clock ratio the power cap allows
-    thermal_clock: float = 1.0  # clock ratio hardware slowdown allows
-    clock_ratio: float = 1.0
-    health: float = 1.0  # speed relative to a sound device (below 1 when grey-failing)
-    power_watts: float = 0.0
-    busy_ratio: float = 0.0
-    queue: float = 0.0
-    offered_rps: float = 0.0
-    served_rps: float = 0.0
-    rejected: float = 0.0
-    errors: float = 0.0
-    batch: float = 0.0
-    tpot_s: float = 0.0
-    ttft_s: float = 0.0
-    throttle_reasons: int = 0
-    sbe_volatile: int = 0
-    sbe_aggregate: int = 0
-    dbe_volatile: int = 0
-    dbe_aggregate: int = 0
-    retired_pages: int = 0
-    remapped_rows: int = 0
-    xid: int | None = None  # raised during the last step
-    failed: bool = False  # double-bit fault: still reports, serves only errors
-    lost: bool = False  # fell off the bus: reports nothing
-
-    def serving(self, t_s: float) -> bool:
-        return self.model is not None and t_s >= self.ready_at_s and not self.node.down
-
-    @property
-    def pool(self) -> str:
-        return pool_of(self.node.region, self.spec.kind)
-
-
-@dataclass(slots=True)
-class Node:
-    node_id: str
-    index: int
-    kind: AcceleratorType
-    region: str
-    pod_id: str
-    rack_id: str
-    pdu_id: str
-    devices: list[Device] = field(default_factory=list)
-    crashed: bool = False  # by a fault
-    tripped: bool = False  # by its rack's breaker
-    heartbeat_seq: int = 0
-    booted_at_s: float = -3600.0
-
-    @property
-    def down(self) -> bool:
-        return self.crashed or self.tripped
-
-
-@dataclass(slots=True)
-class Rack:
-    rack_id: str
-    pdu_id: str
-    pod_id: str
-    region: str
-    nodes: list[Node]
-    capacity_watts: float
-    breaker_limit_watts: float
-    power_watts: float = 0.0
-    limit_ratio: float = 1.0  # below 1 while a feed is degraded
-    over_since_s: float | None = None
-    tripped: bool = False
-
-    @property
-    def effective_limit_watts(self) -> float:
-        return self.breaker_limit_watts * self.limit_ratio
-
-
-@dataclass(slots=True)
-class RouterTable:
-    """The router's state: pool weights per model, ejections, admission, batch caps."""
-
-    pool_weights: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, pool)
-    ejected: set[str] = field(default_factory=set)  # device uuids
-    admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
-    batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
-    opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
-
-    def weight(self, model: str, pool: str) -> float:
-        return self.pool_weights.get((model, pool), self.pool_weights.get(("*", pool), 1.0))
 
 
 class Fleet:

@@ -13,8 +13,9 @@ import random
 import uuid
 from datetime import datetime
 
-from agents.sim.fleet import BATCH_MAX, Device, Fleet, Node, Rack
+from agents.sim.fleet import BATCH_MAX, Fleet
 from agents.sim.hardware import GIB, MODELS
+from agents.sim.state import Device, Node, Rack
 from schemas.base import Contract
 from schemas.events import (
     AcceleratorTelemetry,

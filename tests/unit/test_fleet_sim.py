@@ -11,10 +11,10 @@ import pytest
 from agents.executors.executors import NodeExecutor, RouterExecutor, Warmer
 from agents.executors.gate import PermanentActuatorError
 from agents.sim.control import SimControl
-from agents.sim.fleet import Device
 from agents.sim.hardware import CLOCKS_HW_SLOWDOWN, CLOCKS_SW_POWER_CAP, MODELS
 from agents.sim.scenario import DemandSpec, FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
 from agents.sim.simulation import Simulation
+from agents.sim.state import Device
 from agents.sim.telemetry import Record
 from schemas.codec import encode
 from schemas.commands import (
