@@ -21,7 +21,7 @@ from schemas.dcgm import BY_FIELD, CATALOGUE
 from schemas.events import AcceleratorTelemetry
 from schemas.export import export_json_schemas
 from schemas.signing import sign, verify
-from schemas.topics import ALL_TOPICS, TELEMETRY_TOPICS, by_name, dead_letter_topic
+from schemas.topics import ALL_TOPICS, INGESTED_TOPICS, by_name, dead_letter_topic
 from tests.factories import START, later
 
 
@@ -42,6 +42,12 @@ def _route(**kw: object) -> RouteCommand:
 def test_command_must_expire_after_issue() -> None:
     with pytest.raises(ValidationError, match="expires_at"):
         _route(expires_at=START - timedelta(seconds=1))
+
+
+def test_deweight_needs_its_weight() -> None:
+    with pytest.raises(ValidationError, match="deweight needs weight_ratio"):
+        _route(action=RouteAction.DEWEIGHT)
+    assert _route(action=RouteAction.DEWEIGHT, weight_ratio=0.25).weight_ratio == 0.25
 
 
 def test_command_target_cannot_be_empty() -> None:
@@ -104,7 +110,7 @@ def test_topic_registry_is_consistent() -> None:
     names = [t.name for t in ALL_TOPICS]
     assert len(names) == len(set(names))
     assert all(name.endswith((".v1", ".v1.dlq")) for name in names)
-    for spec in TELEMETRY_TOPICS:
+    for spec in INGESTED_TOPICS:  # telemetry, commands and results: each has a dead letter twin
         dlq = dead_letter_topic(spec)
         assert by_name(dlq.name).value_type is DeadLetter
         assert spec.table and spec.partitions >= 1
