@@ -48,6 +48,13 @@ class QueryResult:
         self.rows = [list(r) for r in rows]
 
 
+INSERT_SETTINGS: dict[str, Any] = {
+    "async_insert": 0,  # chDB defaults to async inserts; the sink needs the write done
+    # a retried batch (same token) must not be counted twice by the per-minute rollups
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
+}
+
+
 class ClickHouseStore:
     """A ClickHouse client bound to one database, with its DDL applied."""
 
@@ -68,6 +75,12 @@ class ClickHouseStore:
         self.data_dir = data_dir
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+
+    def on_database(self, database: str) -> ClickHouseStore:
+        """The same engine and sessions, bound to another database (apply its schema)."""
+        return ClickHouseStore(
+            self.client, database=database, data_dir=self.data_dir, open_reader=self._open_reader
+        )
 
     # -- schema -------------------------------------------------------------
     def apply_schema(self, schema_dir: Path = SCHEMA_DIR) -> list[str]:
@@ -108,7 +121,7 @@ class ClickHouseStore:
         self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *, token: str
     ) -> None:
         """Insert one batch; retrying with the same ``token`` adds nothing."""
-        settings = {"insert_deduplication_token": token, "async_insert": 0}
+        settings = {**INSERT_SETTINGS, "insert_deduplication_token": token}
         with self._lock:
             self.client.insert(
                 f"{self.database}.{table}", rows, column_names=list(columns), settings=settings
@@ -119,7 +132,7 @@ class ClickHouseStore:
     ) -> None:
         """Insert JSONEachRow lines; retrying with the same ``token`` adds nothing."""
         body = "\n".join(lines).encode()
-        merged = {**settings, "insert_deduplication_token": token, "async_insert": 0}
+        merged = {**settings, **INSERT_SETTINGS, "insert_deduplication_token": token}
         with self._lock:
             self.client.raw_insert(
                 f"{self.database}.{table}", None, body, settings=merged, fmt="JSONEachRow"

@@ -114,7 +114,7 @@ class Fleet:
                 f"pdu-{rack:04d}-a",
             )
             hw = ACCELERATORS[kind]
-            fitting = [m for m in SERVED_AT_START if hw.fits(MODELS[m])]
+            fitting = [m for m in SERVED_AT_START if hw.serves_well(MODELS[m])]
             for d in range(spec.devices_per_node):
                 dev = Device(
                     f"{node.node_id}-gpu{d}", d, node, hw, power_cap_watts=hw.power_limit_watts
@@ -288,10 +288,7 @@ class Fleet:
             dev.spec.capacity_tokens_per_s(m) * dev.clock_ratio * health / (m.generated_tokens)
         )
         cap = self.router.batch_size_max.get(dev.pool)
-        tpot_base = 0.006 + 0.016 * m.cost * 2400.0 / (
-            dev.spec.decode_tokens_per_s * dev.spec.speed.get(m.name, 1.0)
-        )
-        tpot = tpot_base / (dev.clock_ratio * health)
+        tpot = dev.spec.tpot_base_s(m) / (dev.clock_ratio * health)
         if cap is not None:  # a batch cap bounds concurrency: fewer tokens per second
             capacity_rps = min(capacity_rps, cap / (tpot * (1 + cap / 128) * m.generated_tokens))
         arrived = dev.offered_rps * dt

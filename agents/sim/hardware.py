@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from schemas.base import AcceleratorType
 
 GIB = 1024**3
+MAX_PLACED_TPOT_S = 0.08  # initial placement skips pairings slower than this per token
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,16 @@ class AcceleratorSpec:
 
     def capacity_tokens_per_s(self, model: ModelSpec) -> float:
         return self.decode_tokens_per_s * self.speed.get(model.name, 1.0) / model.cost
+
+    def tpot_base_s(self, model: ModelSpec) -> float:
+        """Time per output token of one sequence at full clocks (batch of one)."""
+        return 0.006 + 0.016 * model.cost * 2400.0 / (
+            self.decode_tokens_per_s * self.speed.get(model.name, 1.0)
+        )
+
+    def serves_well(self, model: ModelSpec) -> bool:
+        """Fits, and decodes fast enough that placing the model here makes sense."""
+        return self.fits(model) and self.tpot_base_s(model) <= MAX_PLACED_TPOT_S
 
     def load_time_s(self, model: ModelSpec) -> float:
         return self.startup_s + model.weights_bytes / self.load_bytes_per_s

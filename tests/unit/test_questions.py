@@ -1,0 +1,178 @@
+"""Every SRE question runs on ClickHouse seeded from a simulated scenario, with the right answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from streams.clickhouse_store import ClickHouseStore
+from streams.questions import QuestionError, literal, load_questions
+from tests.seed_scenario import COLD_MODEL, CRASHED, FAULTY, TRIPPED_RACK, Seeded, seed
+
+QUESTIONS = load_questions()
+
+
+@pytest.fixture(scope="module")
+def seeded(store: ClickHouseStore) -> Iterator[tuple[ClickHouseStore, Seeded]]:
+    db = store.on_database("fl_questions")
+    db.apply_schema()
+    yield db, seed(db)
+
+
+def ask(db: ClickHouseStore, name: str, **values: str) -> list[dict[str, Any]]:
+    sql = QUESTIONS[name].render(database=db.database, values=values)
+    result = db.query(sql, readonly=True)
+    return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+
+
+def test_every_question_file_has_a_header_and_renders() -> None:
+    assert len(QUESTIONS) >= 9
+    for q in QUESTIONS.values():
+        assert q.question.endswith("?") or "?" in q.question, q.name
+        assert q.answer, q.name
+        assert "${database}" in q.sql
+
+
+def test_every_question_answers_non_empty_on_the_seeded_run(
+    seeded: tuple[ClickHouseStore, Seeded],
+) -> None:
+    db, _ = seeded
+    for name in QUESTIONS:
+        values = {"device_uuid": FAULTY} if name == "device_timeline" else {}
+        assert ask(db, name, **values), f"{name} answered nothing"
+
+
+def test_fleet_health_now(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = {r["accelerator_type"]: r for r in ask(seeded[0], "fleet_health_now")}
+    # node 0 (H100) carries the double-bit fault; node 3 (MI300X) crashed; rack 1 is dark
+    assert rows["H100"]["devices_with_dbe"] == 1 and rows["H100"]["nodes_reporting"] == 1
+    assert "MI300X" not in rows and "MTIA" not in rows
+    assert rows["A100"]["nodes_reporting"] == 1 and rows["A100"]["devices_reporting"] == 8
+    assert all(r["devices_with_dbe"] == 0 for t, r in rows.items() if t != "H100")
+
+
+def test_silent_nodes(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = ask(seeded[0], "silent_nodes", timeout_s="10")
+    silent = {r["node_id"] for r in rows}
+    assert silent == {CRASHED, "node-00004", "node-00005", "node-00006", "node-00007"}
+    crashed = next(r for r in rows if r["node_id"] == CRASHED)
+    assert 100 <= crashed["silent_s"] <= 125  # crashed at t=60 s of 180
+
+
+def test_device_timeline_explains_the_quarantine(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    db, s = seeded
+    assert s.quarantine is not None
+    rows = ask(db, "device_timeline", device_uuid=FAULTY)
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("command") == 2 and kinds.count("result") == 2  # sent twice
+    first_dbe = next(
+        i for i, r in enumerate(rows) if r["kind"] == "telemetry" and "dbe 1" in r["what"]
+    )
+    command = next(i for i, r in enumerate(rows) if r["kind"] == "command")
+    assert first_dbe < command  # the fault shows before the command
+    assert "xids [48]" in rows[first_dbe]["what"]
+    assert "quarantine" in rows[command]["what"] and "double_bit_ecc" in rows[command]["what"]
+    results = [r["what"] for r in rows if r["kind"] == "result"]
+    assert results[0].startswith("node-executor applied") and "duplicate" in results[1]
+    after = [r for r in rows[command:] if r["kind"] == "telemetry"]
+    assert after and after[-1]["what"].startswith("util 0 ")  # idle once quarantined
+
+
+def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    db = seeded[0]
+    latency = {
+        (r["command_type"], r["executor"], r["status"]): r for r in ask(db, "command_latency")
+    }
+    assert set(latency) == {
+        ("RouteCommand", "node-executor", "applied"),
+        ("RouteCommand", "node-executor", "duplicate"),
+        ("RouteCommand", "node-executor", "bad_signature"),
+        ("WarmCommand", "warmer", "applied"),
+    }
+    assert all(r["results"] == 1 and r["result_max_s"] >= 0 for r in latency.values())
+    outcomes = {(r["action"], r["reason"], r["status"]): r["commands"]
+                for r in ask(db, "commands_by_outcome")}  # fmt: skip
+    assert outcomes[("quarantine", "double_bit_ecc", "applied")] == 2  # two messages, one command
+    assert outcomes[("drain", "forged", "bad_signature")] == 1
+    assert outcomes[("warm", "cold_model_demand", "applied")] == 1
+
+
+def test_dead_letters_by_topic_and_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = {(r["source_topic"], r["error_kind"]): r for r in ask(seeded[0], "dead_letters")}
+    assert set(rows) == {
+        ("telemetry.accelerator.v1", "bad_json"),
+        ("telemetry.accelerator.v1", "unknown_version"),
+        ("telemetry.serving.v1", "schema"),
+    }
+    assert all(r["dead_letters"] == 1 and r["example_at"].startswith("partition 0 offset")
+               for r in rows.values())  # fmt: skip
+
+
+def test_power_headroom(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = {r["rack_id"]: r for r in ask(seeded[0], "power_headroom", window_s="3600")}
+    assert set(rows) == {"rack-0000", TRIPPED_RACK}
+    tripped = rows[TRIPPED_RACK]
+    assert tripped["readings_over_limit"] >= 10 and tripped["headroom_min_watts"] < 0
+    assert tripped["power_now_watts"] == 0  # dark after the trip
+    assert rows["rack-0000"]["readings_over_limit"] == 0
+    assert rows["rack-0000"]["headroom_now_watts"] > 0
+
+
+def test_slo_attainment_per_pool(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    db = seeded[0]
+    rows = {(r["pool"], r["model"]): r for r in ask(db, "slo_attainment", ttft_p95_slo_s="2.5")}
+    assert {p for p, _ in rows} >= {"us-east-h100", "us-east-b200", "us-east-a100"}
+    assert all(0.0 <= r["within_slo_ratio"] <= 1.0 for r in rows.values())
+    # recompute one pool's answer from the raw rows
+    raw = db.query(
+        f"SELECT requests, tpot_p95_s, ttft_p95_s, errors FROM {db.database}.serving_metrics "
+        "WHERE pool = 'us-east-h100' AND model = 'mixtral-8x7b'"
+    ).rows
+    total = sum(r[0] for r in raw)
+    within = sum(r[0] for r in raw if r[1] is not None and r[1] <= 0.1 and r[2] <= 2.5)
+    answer = rows[("us-east-h100", "mixtral-8x7b")]
+    assert answer["requests"] == total
+    assert answer["within_slo_ratio"] == pytest.approx(within / total, abs=1e-4)
+    assert answer["error_ratio"] > 0  # the failed device served errors until quarantined
+    # losing 5 of 8 nodes (a crash and a tripped rack) queues the rest past the TTFT SLO
+    assert rows[("us-east-b200", "qwen-7b")]["ttft_within_slo_ratio"] < 0.9
+    tight = ask(db, "slo_attainment", tpot_p95_slo_s="0.001")
+    assert all(r["tpot_within_slo_ratio"] == 0.0 for r in tight)
+
+
+def test_cold_starts(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    db, s = seeded
+    assert s.warm is not None
+    rows = ask(db, "cold_starts")
+    cold = next(r for r in rows if r["model"] == COLD_MODEL)
+    assert cold["region"] == "us-east" and 35 <= cold["cold_seconds"] <= 45  # t=5 s to ~43 s
+    assert cold["requests_while_cold"] > 0 and cold["warm_result"] == "applied"
+    assert all(r["model"] == COLD_MODEL for r in rows)  # served models were never cold
+
+
+def test_rollups_agree_with_raw_rows(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    db = seeded[0]
+    d = db.database
+    raw = db.query(f"SELECT count(), sum(requests) FROM {d}.serving_metrics").rows[0]
+    rolled = db.query(f"SELECT sum(samples), sum(requests) FROM {d}.pool_1m").rows[0]
+    assert list(raw) == list(rolled)
+    raw = db.query(f"SELECT count() FROM {d}.accelerator_telemetry").rows[0][0]
+    assert db.query(f"SELECT sum(samples) FROM {d}.device_1m").rows[0][0] == raw
+
+
+def test_parameters_are_typed_and_checked() -> None:
+    q = QUESTIONS["device_timeline"]
+    with pytest.raises(QuestionError, match=r"device_uuid \(String\) is required"):
+        q.render(database="db")
+    with pytest.raises(QuestionError, match="unknown parameters"):
+        q.render(database="db", values={"device_uuid": "x", "nope": "1"})
+    assert "'it\\'s'" in q.render(database="db", values={"device_uuid": "it's"})
+    with pytest.raises(QuestionError, match="not a UInt32"):
+        literal("UInt32", "-5")
+    with pytest.raises(QuestionError, match="not a Float64"):
+        literal("Float64", "nan")
+    assert literal("DateTime64(3)", "2026-11-01T12:00:00+01:00").startswith(
+        "toDateTime64('2026-11-01 11:00:00"
+    )
