@@ -192,6 +192,29 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ask(args: argparse.Namespace) -> int:
+    from fleetloop.report import run_ask
+    from fleetloop.sqlclient import QueryError
+    from streams.questions import QuestionError
+
+    try:
+        return run_ask(_settings(ConnectionSettings, args), args.name, args.param, args.format)
+    except (QuestionError, QueryError) as exc:
+        print(f"fleetloop ask: {exc}", file=sys.stderr)
+        return 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fleetloop.report import run_report
+    from fleetloop.sqlclient import QueryError
+
+    try:
+        return run_report(_settings(ConnectionSettings, args), Path(args.out), args.device)
+    except QueryError as exc:
+        print(f"fleetloop report: {exc}", file=sys.stderr)
+        return 1
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fleetloop.demo import DEMO_SPEED, run_demo
 
@@ -251,6 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", choices=["table", "json"], default="table")
     _add_settings_flags(sql, ConnectionSettings)
     sql.set_defaults(func=_cmd_sql)
+
+    ask = sub.add_parser("ask", help="answer one SRE question (no name: list them)")
+    ask.add_argument("name", nargs="?")
+    ask.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
+    ask.add_argument("--format", choices=["table", "json"], default="table")
+    _add_settings_flags(ask, ConnectionSettings)
+    ask.set_defaults(func=_cmd_ask)
+
+    report = sub.add_parser("report", help="every SRE question as tables, and an HTML report")
+    report.add_argument("--out", default="var/report.html", help="where the HTML report goes")
+    report.add_argument("--device", help="device for the timeline (default: last isolated)")
+    _add_settings_flags(report, ConnectionSettings)
+    report.set_defaults(func=_cmd_report)
 
     demo = sub.add_parser("demo", help="live demo on embedded defaults")
     demo.add_argument(

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from streams.clickhouse_store import ClickHouseStore
+from fleetloop.settings import REPO_ROOT
+from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.questions import QuestionError, literal, load_questions
+from streams.report import answer_all, charts, isolated_device, render_html
 from tests.seed_scenario import COLD_MODEL, CRASHED, FAULTY, TRIPPED_RACK, Seeded, seed
 
 QUESTIONS = load_questions()
@@ -92,8 +99,10 @@ def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) ->
         ("WarmCommand", "warmer", "applied"),
     }
     assert all(r["results"] == 1 and r["result_max_s"] >= 0 for r in latency.values())
-    outcomes = {(r["action"], r["reason"], r["status"]): r["commands"]
-                for r in ask(db, "commands_by_outcome")}  # fmt: skip
+    outcomes = {
+        (r["action"], r["reason"], r["status"]): r["commands"]
+        for r in ask(db, "commands_by_outcome")
+    }
     assert outcomes[("quarantine", "double_bit_ecc", "applied")] == 2  # two messages, one command
     assert outcomes[("drain", "forged", "bad_signature")] == 1
     assert outcomes[("warm", "cold_model_demand", "applied")] == 1
@@ -106,8 +115,10 @@ def test_dead_letters_by_topic_and_error(seeded: tuple[ClickHouseStore, Seeded])
         ("telemetry.accelerator.v1", "unknown_version"),
         ("telemetry.serving.v1", "schema"),
     }
-    assert all(r["dead_letters"] == 1 and r["example_at"].startswith("partition 0 offset")
-               for r in rows.values())  # fmt: skip
+    assert all(
+        r["dead_letters"] == 1 and r["example_at"].startswith("partition 0 offset")
+        for r in rows.values()
+    )
 
 
 def test_power_headroom(seeded: tuple[ClickHouseStore, Seeded]) -> None:
@@ -176,3 +187,84 @@ def test_parameters_are_typed_and_checked() -> None:
     assert literal("DateTime64(3)", "2026-11-01T12:00:00+01:00").startswith(
         "toDateTime64('2026-11-01 11:00:00"
     )
+
+
+def test_report_answers_everything_and_draws_the_isolation(
+    seeded: tuple[ClickHouseStore, Seeded],
+) -> None:
+    db = seeded[0]
+
+    def query(sql: str) -> QueryResult:
+        return db.query(sql, readonly=True)
+
+    device = isolated_device(query, database=db.database)
+    assert device == FAULTY
+    answers = answer_all(
+        query, database=db.database, values={"device_timeline": {"device_uuid": device}}
+    )
+    assert [a.error for a in answers if a.error] == []
+    assert {a.question.name for a in answers} == set(QUESTIONS)
+    svgs = charts(query, database=db.database, device=device)
+    assert len(svgs) == 3 and all("<polyline" in s for s in svgs)
+    assert "quarantine (double_bit_ecc)" in svgs[0]
+    html = render_html(answers, svgs, title="t")
+    for name in QUESTIONS:
+        assert f"<h2 id='{name}'>" in html
+    assert html.count("<table>") == len(QUESTIONS)
+
+
+def test_fleetloop_report_and_ask_on_an_embedded_directory(tmp_path: Path) -> None:
+    data = tmp_path / "ch"
+    code = (
+        "from pathlib import Path; from streams.clickhouse_store import open_store; "
+        "from tests.seed_scenario import seed; "
+        f"s = open_store(url=None, data_dir=Path({str(data)!r}), database='fleetloop'); "
+        "s.apply_schema(); seed(s); s.close()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=120)
+    env = {**os.environ, "FLEETLOOP_QUERY_URL": "http://127.0.0.1:9"}  # no owner: read the dir
+    base = [sys.executable, "-m", "fleetloop"]
+    out = tmp_path / "report.html"
+    done = subprocess.run(
+        [*base, "report", "--clickhouse-dir", str(data), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "== power_headroom" in done.stdout and TRIPPED_RACK in done.stdout
+    assert "<svg" in out.read_text()
+    asked = subprocess.run(
+        [
+            *base,
+            "ask",
+            "silent_nodes",
+            "-p",
+            "timeout_s=130",
+            "--format",
+            "json",
+            "--clickhouse-dir",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert asked.returncode == 0, asked.stderr
+    # the rack tripped at t=40 s, before the crash at t=60 s: only its nodes are that silent
+    assert [r[0] for r in json.loads(asked.stdout)["rows"]] == [
+        f"node-0000{i}" for i in range(4, 8)
+    ]
+    bad = subprocess.run(
+        [*base, "ask", "silent_nodes", "-p", "timeout_s=-1", "--clickhouse-dir", str(data)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "is not a UInt32" in bad.stderr

@@ -1,0 +1,184 @@
+"""The SRE report: every question's answer as a table, plus charts, as one HTML page.
+
+Built from a query function (``sql -> QueryResult``), so the same page comes
+from `fleetloop report` (any ClickHouse) and, live, from the process that owns
+the embedded data.
+
+Charts:
+- the most recently isolated device (or the one asked for): utilisation, power
+  and temperature per minute, with every command that targeted it and its
+  result on the same time axis;
+- demand per model against what was served (forecasts join this chart when the
+  demand forecaster writes them);
+- latency per pool (p95 TPOT, request-weighted per minute) with the commands
+  sent to the fleet as markers (controller outputs join when controllers write
+  decisions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+from streams.charts import Point, line_chart
+from streams.clickhouse_store import QueryResult
+from streams.questions import Question, literal, load_questions
+
+Query = Callable[[str], QueryResult]
+
+ISOLATED_SQL = """
+SELECT c.target_device_uuid FROM {db}.commands AS c
+INNER JOIN {db}.command_results AS r ON r.command_id = c.command_id
+WHERE r.status = 'applied' AND c.action IN ('quarantine', 'drain', 'stop_new_sessions', 'deweight')
+  AND c.target_device_uuid IS NOT NULL
+ORDER BY r.completed_at DESC LIMIT 1
+"""
+DEVICE_SQL = """
+SELECT minute, sum(util_sum) / greatest(sum(util_n), 1),
+       sum(power_sum_watts) / greatest(sum(power_n), 1), max(temp_max_celsius)
+FROM {db}.device_1m WHERE device_uuid = {device} GROUP BY minute ORDER BY minute
+"""
+DEVICE_ACTIONS_SQL = """
+SELECT c.issued_at, concat(c.action, ' (', c.reason, ')') FROM {db}.commands AS c
+WHERE c.target_device_uuid = {device} ORDER BY c.issued_at LIMIT 1 BY c.command_id
+"""
+DEMAND_SQL = """
+SELECT d.minute, d.model, d.requests, s.served
+FROM (SELECT minute, model, sum(requests) AS requests FROM {db}.demand_1m
+      GROUP BY minute, model) AS d
+LEFT JOIN (SELECT minute, model, sum(requests) AS served FROM {db}.pool_1m
+           GROUP BY minute, model) AS s
+ON s.minute = d.minute AND s.model = d.model
+ORDER BY d.minute
+"""
+LATENCY_SQL = """
+SELECT minute, pool, sum(tpot_p95_weighted_sum_s) / greatest(sum(requests), 1)
+FROM {db}.pool_1m GROUP BY minute, pool ORDER BY minute
+"""
+ACTIONS_SQL = """
+SELECT issued_at, concat(action, ' ', coalesce(target_device_uuid, target_node_id, target_pool, ''))
+FROM {db}.commands ORDER BY issued_at LIMIT 1 BY command_id LIMIT 40
+"""
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}p.q{color:#555;margin:4px 0 8px}
+table{border-collapse:collapse;font:12px ui-monospace,monospace}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:left}th{background:#f4f4f4}
+svg.chart{width:100%;max-width:860px;background:#fff;border:1px solid #eee;margin:8px 0}
+svg .title{font-weight:600;font-size:13px}svg .frame{fill:none;stroke:#ccc}
+svg .ytick{font-size:10px;text-anchor:end}svg .xtick{font-size:10px;text-anchor:middle}
+svg .line{fill:none;stroke-width:1.6}svg .legend{font-size:11px}
+svg .marker{stroke:#999;stroke-dasharray:3 3}svg .marker-label{font-size:9px;fill:#555}
+svg .ylabel{font-size:10px}.err{color:#b00}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    question: Question
+    result: QueryResult | None
+    error: str | None = None
+
+
+def answer_all(
+    query: Query, *, database: str, values: Mapping[str, Mapping[str, str]] | None = None
+) -> list[Answer]:
+    """Every question with its answer; a question that needs a parameter nobody gave is skipped
+    with a note, and a failing one carries its error instead of stopping the report."""
+    out = []
+    for q in load_questions().values():
+        given = dict((values or {}).get(q.name, {}))
+        if any(p.default is None and p.name not in given for p in q.parameters):
+            missing = [p.name for p in q.parameters if p.default is None and p.name not in given]
+            out.append(Answer(q, None, f"needs {', '.join(missing)}"))
+            continue
+        try:
+            out.append(Answer(q, query(q.render(database=database, values=given))))
+        except Exception as exc:  # one broken question must not hide the others
+            out.append(Answer(q, None, f"{type(exc).__name__}: {exc}"[:500]))
+    return out
+
+
+def isolated_device(query: Query, *, database: str) -> str | None:
+    rows = query(ISOLATED_SQL.format(db=database)).rows
+    return str(rows[0][0]) if rows else None
+
+
+def _utc(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def charts(query: Query, *, database: str, device: str | None) -> list[str]:
+    db = database
+    out = []
+    if device:
+        quoted = literal("String", device)
+        rows = query(DEVICE_SQL.format(db=db, device=quoted)).rows
+        marks = [(_utc(t), str(label)) for t, label in query(
+            DEVICE_ACTIONS_SQL.format(db=db, device=quoted)).rows]  # fmt: skip
+        peak_w = max((_num(r[2]) or 0.0 for r in rows), default=1.0) or 1.0
+        peak_c = max((_num(r[3]) or 0.0 for r in rows), default=1.0) or 1.0
+        out.append(line_chart(
+            f"{device}: telemetry and actions (power and temperature scaled to their peak)",
+            {
+                "utilisation": [(_utc(r[0]), _num(r[1])) for r in rows],
+                f"power / {peak_w:.0f} W": [(_utc(r[0]), (_num(r[2]) or 0) / peak_w) for r in rows],
+                f"temperature / {peak_c:.0f} C": [(_utc(r[0]), (_num(r[3]) or 0) / peak_c)
+                                                  for r in rows],
+            },
+            markers=marks, y_label="ratio",
+        ))  # fmt: skip
+    demand: dict[str, list[Point]] = {}
+    for minute, model, requests, served in query(DEMAND_SQL.format(db=db)).rows:
+        demand.setdefault(f"{model} demanded", []).append((_utc(minute), _num(requests)))
+        demand.setdefault(f"{model} served", []).append((_utc(minute), _num(served)))
+    out.append(line_chart("demand against served, requests per minute", demand,
+                          y_label="requests"))  # fmt: skip
+    latency: dict[str, list[Point]] = {}
+    for minute, pool, tpot in query(LATENCY_SQL.format(db=db)).rows:
+        latency.setdefault(str(pool), []).append((_utc(minute), _num(tpot)))
+    marks = [(_utc(t), str(label)) for t, label in query(ACTIONS_SQL.format(db=db)).rows]
+    out.append(line_chart("latency per pool (p95 TPOT, s) and commands", latency, markers=marks,
+                          y_label="seconds"))  # fmt: skip
+    return out
+
+
+def _table(result: QueryResult, limit: int = 200) -> str:
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in result.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
+        for row in result.rows[:limit]
+    )
+    more = f"<p>{len(result.rows) - limit} more rows</p>" if len(result.rows) > limit else ""
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def render_html(
+    answers: list[Answer], chart_svgs: list[str], *, title: str, refresh_s: int = 0
+) -> str:
+    refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'>{refresh}<title>{escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>",
+        f"<p>generated {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC</p>",
+        *chart_svgs,
+    ]
+    for a in answers:
+        parts.append(f"<h2 id='{a.question.name}'>{escape(a.question.name)}</h2>"
+                     f"<p class='q'>{escape(a.question.question)}</p>")  # fmt: skip
+        if a.result is not None:
+            parts.append(_table(a.result) if a.result.rows else "<p>no rows</p>")
+        else:
+            parts.append(f"<p class='err'>{escape(a.error or '')}</p>")
+    parts.append("</body></html>")
+    return "".join(parts)
