@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a fresh machine needs, from the registries only: Java 17 and Maven
-# (Debian) when missing, the Python environment (PyPI) and the Kafka broker
+# (Debian) when missing, Chromium too with FLEETLOOP_SETUP_BROWSER=1 (the tests
+# drive a web page in it), the Python environment (PyPI) and the Kafka broker
 # jars (Maven Central). Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,10 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+# the tests drive the live dashboards page in a real browser
+if [ "${FLEETLOOP_SETUP_BROWSER:-0}" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
 if ((${#need_apt[@]})); then
   echo "[setup] installing ${need_apt[*]} from Debian"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

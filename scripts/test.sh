@@ -4,7 +4,7 @@
 # or KAFKA_BOOTSTRAP's). A run that collects no test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+FLEETLOOP_SETUP_BROWSER=1 bash scripts/setup.sh
 
 echo "[test] ruff"
 .venv/bin/ruff check .

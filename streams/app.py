@@ -24,7 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
-from streams.clickhouse_store import ClickHouseStore
+from streams.clickhouse_store import ClickHouseStore, QueryResult
+from streams.dashboards import render_page
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
@@ -198,6 +199,16 @@ def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegist
         except Exception as exc:
             return web.json({"status": "unhealthy", "clickhouse": repr(exc)[:500]}, status=503)
         return web.json({"status": "ok", "clickhouse": "ok"})
+
+    @app.page("/dashboards")
+    async def dashboards_page(web: Any, request: Any) -> Any:
+        """The Grafana dashboards' panels, run on the data this process owns (read-only)."""
+
+        def query(sql: str) -> QueryResult:
+            return store.query(sql, readonly=True)
+
+        html = await store.run(render_page, query, database=store.database)
+        return web.html(html)
 
     @app.page("/sql")
     class SqlView(faust.web.View):

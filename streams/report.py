@@ -124,32 +124,42 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
     if device:
         quoted = literal("String", device)
         rows = query(DEVICE_SQL.format(db=db, device=quoted)).rows
-        marks = [(_utc(t), str(label)) for t, label in query(
-            DEVICE_ACTIONS_SQL.format(db=db, device=quoted)).rows]  # fmt: skip
+        marks = [
+            (_utc(t), str(label))
+            for t, label in query(DEVICE_ACTIONS_SQL.format(db=db, device=quoted)).rows
+        ]
         peak_w = max((_num(r[2]) or 0.0 for r in rows), default=1.0) or 1.0
         peak_c = max((_num(r[3]) or 0.0 for r in rows), default=1.0) or 1.0
-        out.append(line_chart(
-            f"{device}: telemetry and actions (power and temperature scaled to their peak)",
-            {
-                "utilisation": [(_utc(r[0]), _num(r[1])) for r in rows],
-                f"power / {peak_w:.0f} W": [(_utc(r[0]), (_num(r[2]) or 0) / peak_w) for r in rows],
-                f"temperature / {peak_c:.0f} C": [(_utc(r[0]), (_num(r[3]) or 0) / peak_c)
-                                                  for r in rows],
-            },
-            markers=marks, y_label="ratio",
-        ))  # fmt: skip
+        out.append(
+            line_chart(
+                f"{device}: telemetry and actions (power and temperature scaled to their peak)",
+                {
+                    "utilisation": [(_utc(r[0]), _num(r[1])) for r in rows],
+                    f"power / {peak_w:.0f} W": [
+                        (_utc(r[0]), (_num(r[2]) or 0) / peak_w) for r in rows
+                    ],
+                    f"temperature / {peak_c:.0f} C": [
+                        (_utc(r[0]), (_num(r[3]) or 0) / peak_c) for r in rows
+                    ],
+                },
+                markers=marks,
+                y_label="ratio",
+            )
+        )
     demand: dict[str, list[Point]] = {}
     for minute, model, requests, served in query(DEMAND_SQL.format(db=db)).rows:
         demand.setdefault(f"{model} demanded", []).append((_utc(minute), _num(requests)))
         demand.setdefault(f"{model} served", []).append((_utc(minute), _num(served)))
-    out.append(line_chart("demand against served, requests per minute", demand,
-                          y_label="requests"))  # fmt: skip
+    out.append(line_chart("demand against served, requests per minute", demand, y_label="requests"))
     latency: dict[str, list[Point]] = {}
     for minute, pool, tpot in query(LATENCY_SQL.format(db=db)).rows:
         latency.setdefault(str(pool), []).append((_utc(minute), _num(tpot)))
     marks = [(_utc(t), str(label)) for t, label in query(ACTIONS_SQL.format(db=db)).rows]
-    out.append(line_chart("latency per pool (p95 TPOT, s) and commands", latency, markers=marks,
-                          y_label="seconds"))  # fmt: skip
+    out.append(
+        line_chart(
+            "latency per pool (p95 TPOT, s) and commands", latency, markers=marks, y_label="seconds"
+        )
+    )
     return out
 
 
@@ -174,8 +184,10 @@ def render_html(
         *chart_svgs,
     ]
     for a in answers:
-        parts.append(f"<h2 id='{a.question.name}'>{escape(a.question.name)}</h2>"
-                     f"<p class='q'>{escape(a.question.question)}</p>")  # fmt: skip
+        parts.append(
+            f"<h2 id='{a.question.name}'>{escape(a.question.name)}</h2>"
+            f"<p class='q'>{escape(a.question.question)}</p>"
+        )
         if a.result is not None:
             parts.append(_table(a.result) if a.result.rows else "<p>no rows</p>")
         else:

@@ -11,6 +11,7 @@ If the chosen broker cannot start, every test that needs it fails (no skip).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,9 @@ import pytest
 
 from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
+from fleetloop.topics_admin import ensure_topics
+from tests.integration.sim_proc import SimProcess
+from tests.integration.worker_proc import WorkerProcess
 
 
 def docker_engine_answers() -> bool:
@@ -68,6 +72,30 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def topic_prefix() -> str:
     """Unique topic namespace per test."""
     return f"it-{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def closed_loop(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> Iterator[tuple[SimProcess, WorkerProcess]]:
+    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
+    worker = WorkerProcess(
+        bootstrap=kafka_bootstrap,
+        prefix=topic_prefix,
+        home=tmp_path / "w",
+        web_port=free_port(),
+        extra=("--batch-within-s", "0.3"),
+    )
+    sim = SimProcess(
+        bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path, web_port=free_port()
+    )
+    try:
+        worker.start()
+        sim.start()
+        yield sim, worker
+    finally:
+        sim.stop()
+        worker.stop()
 
 
 @pytest.fixture(scope="session")

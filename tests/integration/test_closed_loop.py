@@ -8,123 +8,20 @@ acts on it, its telemetry shows it, and the command and its result are in ClickH
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any, TypeVar
-
-import pytest
+from datetime import timedelta
+from typing import TypeVar
 
 from agents.publisher import KafkaPublisher
-from fleetloop.kafka_broker import free_port
-from fleetloop.settings import REPO_ROOT
-from fleetloop.topics_admin import ensure_topics
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import RouteAction, RouteCommand, Target, WarmAction, WarmCommand
 from schemas.topics import ROUTE_COMMANDS, WARM_COMMANDS, TopicSpec
-from tests.factories import COMMAND_KEYS, signed_command
+from tests.factories import signed_command
+from tests.integration.sim_proc import SimProcess, at_least, until
 from tests.integration.worker_proc import WorkerProcess
 
 DEVICE = "node-00000-gpu0"
 T = TypeVar("T")
-
-
-class SimProcess:
-    def __init__(self, *, bootstrap: str, prefix: str, home: Path, web_port: int) -> None:
-        self.url = f"http://127.0.0.1:{web_port}"
-        self.log_path = home / "sim.log"
-        self.args = [
-            sys.executable,
-            "-m",
-            "fleetloop",
-            "sim",
-            "--kafka-bootstrap",
-            bootstrap,
-            "--topic-prefix",
-            prefix,
-            "--nodes",
-            "4",
-            "--speed",
-            "1",
-            "--web-port",
-            str(web_port),
-            "--group-id",
-            prefix + "executors",
-            "--truth-file",
-            str(home / "truth.jsonl"),
-            "--spool-dir",
-            str(home / "spool"),
-        ]
-        keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
-        self.env = dict(os.environ, FLEETLOOP_COMMAND_KEYS=keys, PYTHONUNBUFFERED="1")
-        self.env.pop("KAFKA_BOOTSTRAP", None)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> SimProcess:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_ROOT,
-                env=self.env,
-            )
-        _until(lambda: self.get("/healthz"), what="the simulator's web port", proc=self)
-        return self
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
-            return json.loads(response.read())
-
-    def now(self) -> datetime:
-        return datetime.fromisoformat(self.get("/healthz")["source_time"])
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
-
-
-def _until(
-    probe: Callable[[], T | None], *, what: str, proc: Any = None, timeout_s: float = 90
-) -> T:
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
-            raise AssertionError(f"{what}: process exited\n{proc.log_tail()}")
-        try:
-            value = probe()
-            if value:
-                return value
-        except OSError as exc:
-            last = exc
-        time.sleep(0.5)
-    tail = proc.log_tail() if proc is not None else ""
-    raise AssertionError(f"timed out waiting for {what} ({last})\n{tail}")
-
-
-def _at_least(
-    rows: list[Any], n: int, *, count: Callable[[list[Any]], int] = len
-) -> list[Any] | None:
-    return rows if count(rows) >= n else None
 
 
 async def _send(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Contract]]) -> None:
@@ -134,39 +31,15 @@ async def _send(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Con
         await publisher.flush()
 
 
-@pytest.fixture
-def loop(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
-) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
-    worker = WorkerProcess(
-        bootstrap=kafka_bootstrap,
-        prefix=topic_prefix,
-        home=tmp_path / "w",
-        web_port=free_port(),
-        extra=("--batch-within-s", "0.3"),
-    )
-    sim = SimProcess(
-        bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path, web_port=free_port()
-    )
-    try:
-        worker.start()
-        sim.start()
-        yield sim, worker
-    finally:
-        sim.stop()
-        worker.stop()
-
-
 def test_drain_reaches_the_device_and_forged_expired_replayed_commands_are_answered(
-    loop: tuple[SimProcess, WorkerProcess], kafka_bootstrap: str, topic_prefix: str
+    closed_loop: tuple[SimProcess, WorkerProcess], kafka_bootstrap: str, topic_prefix: str
 ) -> None:
-    sim, worker = loop
+    sim, worker = closed_loop
     util_sql = (
         "SELECT count(), avg(gpu_util_ratio) FROM fleetloop.accelerator_telemetry "
         f"WHERE device_uuid = '{DEVICE}' AND src_topic LIKE '{topic_prefix}%'"
     )
-    _until(lambda: int(worker.sql(util_sql)[0][0]) >= 5, what="telemetry from the device", proc=sim)
+    until(lambda: int(worker.sql(util_sql)[0][0]) >= 5, what="telemetry from the device", proc=sim)
     assert float(worker.sql(util_sql)[0][1]) > 0.1  # it is serving
 
     now = sim.now()
@@ -219,8 +92,8 @@ def test_drain_reaches_the_device_and_forged_expired_replayed_commands_are_answe
         "SELECT toString(command_id), executor, status, detail FROM fleetloop.command_results "
         f"WHERE src_topic LIKE '{topic_prefix}%' ORDER BY src_offset"
     )
-    rows = _until(
-        lambda: _at_least(worker.sql(results_sql), 5),
+    rows = until(
+        lambda: at_least(worker.sql(results_sql), 5),
         what="five command results in ClickHouse",
         proc=sim,
     )
@@ -254,8 +127,8 @@ def test_drain_reaches_the_device_and_forged_expired_replayed_commands_are_answe
         f"WHERE device_uuid = '{DEVICE}' AND src_topic LIKE '{topic_prefix}%' "
         f"AND observed_at > toDateTime64('{applied_at}', 3, 'UTC') + INTERVAL 2 SECOND"
     )
-    count, peak = _until(
-        lambda: _at_least(worker.sql(after_sql)[0], 3, count=lambda row: int(row[0])),
+    count, peak = until(
+        lambda: at_least(worker.sql(after_sql)[0], 3, count=lambda row: int(row[0])),
         what="telemetry after the drain",
         proc=sim,
     )

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import pytest
 
 from fleetloop.settings import REPO_ROOT
 from streams.clickhouse_store import ClickHouseStore, QueryResult
+from streams.dashboards import expand, load_dashboards, render_page, time_range
 from streams.questions import QuestionError, literal, load_questions
 from streams.report import answer_all, charts, isolated_device, render_html
+from tests.factories import START
 from tests.seed_scenario import COLD_MODEL, CRASHED, FAULTY, TRIPPED_RACK, Seeded, seed
 
 QUESTIONS = load_questions()
@@ -268,3 +272,29 @@ def test_fleetloop_report_and_ask_on_an_embedded_directory(tmp_path: Path) -> No
         timeout=60,
     )
     assert bad.returncode == 1 and "is not a UInt32" in bad.stderr
+
+
+def test_every_dashboard_panel_runs_on_the_real_schema(
+    seeded: tuple[ClickHouseStore, Seeded],
+) -> None:
+    db = seeded[0]
+
+    def query(sql: str) -> QueryResult:
+        return db.query(sql, readonly=True)
+
+    start, end = time_range(query, database=db.database, span=timedelta(hours=1))
+    assert end - timedelta(minutes=1) == START + timedelta(seconds=180)  # the newest heartbeat
+    panels = [p for d in load_dashboards() for p in d.panels]
+    assert len(panels) >= 8
+    answered = {}
+    for panel in panels:
+        sql = expand(panel.sql, database=db.database, start=start, end=end)
+        assert "$__" not in sql and "${" not in sql, panel.title
+        answered[panel.title] = query(sql)  # raises if the SQL does not fit the schema
+    assert all(r.rows for r in answered.values()), [t for t, r in answered.items() if not r.rows]
+    attention = answered["Devices needing attention"]
+    assert FAULTY in {row[0] for row in attention.rows}
+    page = render_page(query, database=db.database)
+    assert page.count("<polyline") >= 10 and "no data yet" not in page
+    assert all(escape(p.title) in page for p in panels)
+    assert "class='err'" not in page
