@@ -186,3 +186,4 @@ class WorkerSettings(ConnectionSettings):
     )
     batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)
+    lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")

@@ -49,6 +49,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         batch_max=settings.batch_max,
         batch_within_s=settings.batch_within_s,
         session_timeout_s=settings.session_timeout_s,
+        lag_interval_s=settings.lag_interval_s,
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

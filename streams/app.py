@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import faust
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from schemas.codec import encode
 from schemas.commands import DeadLetter
@@ -27,6 +33,7 @@ from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.dashboards import render_page
 from streams.ingest import RawMessage, split
+from streams.lag import fetch_lag
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
@@ -48,6 +55,7 @@ class WorkerConfig:
     batch_max: int = 10_000
     batch_within_s: float = 1.0
     session_timeout_s: float = 10.0
+    lag_interval_s: float = 15.0
 
 
 class IngestMetrics:
@@ -68,6 +76,17 @@ class IngestMetrics:
             "fleetloop_processing_errors_total",
             "Batches that failed in a processor",
             ["processor"],
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "fleetloop_consumer_lag_messages",
+            "Messages on the broker not yet committed by the worker's group, per source topic",
+            ["topic"],
+            registry=registry,
+        )
+        self.lag_errors = Counter(
+            "fleetloop_consumer_lag_errors_total",
+            "Lag measurements that failed (the broker did not answer)",
             registry=registry,
         )
 
@@ -123,6 +142,7 @@ def create_app(
 
     for spec in INGESTED_TOPICS:
         _add_ingest(app, config, spec, sink, metrics, on_fatal)
+    _add_lag_timer(app, config, metrics)
     _add_pages(app, store, registry)
     return app
 
@@ -182,6 +202,22 @@ def _add_ingest(
 
     ingest.__name__ = ingest.__qualname__ = processor  # what faust logs
     app.agent(source, name=processor, concurrency=1)(ingest)
+
+
+def _add_lag_timer(app: faust.App, config: WorkerConfig, m: IngestMetrics) -> None:
+    topics = [config.topic_prefix + spec.name for spec in INGESTED_TOPICS]
+
+    async def consumer_lag() -> None:
+        try:
+            lag = await fetch_lag(config.bootstrap, config.app_id, topics)
+        except Exception as exc:  # a metric must never stop the worker
+            m.lag_errors.inc()
+            log.warning("consumer lag not measured: %r", exc)
+            return
+        for topic, messages in lag.items():
+            m.lag.labels(topic).set(messages)
+
+    app.timer(interval=config.lag_interval_s, name="consumer_lag")(consumer_lag)
 
 
 def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegistry) -> None:

@@ -84,7 +84,7 @@ def closed_loop(
         prefix=topic_prefix,
         home=tmp_path / "w",
         web_port=free_port(),
-        extra=("--batch-within-s", "0.3"),
+        extra=("--batch-within-s", "0.3", "--lag-interval-s", "1"),
     )
     sim = SimProcess(
         bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path, web_port=free_port()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -84,8 +85,19 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
                     THROTTLE_COMMANDS.name, THROTTLE_COMMANDS.key_for(c), encode(c)
                 )
             await pub.flush()
+        await asyncio.sleep(2.0)
+        url = f"http://127.0.0.1:{settings.web_port}/metrics"
+        metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
         stats = await node
         assert stats.ticks == 40 and stats.results == 1
+        text = metrics.decode()
+        for family in (
+            "fleetloop_agent_events_published_total",
+            "fleetloop_loop_ticks_total",
+            "fleetloop_executor_command_latency_seconds_bucket",
+        ):
+            assert family in text, family
+        assert 'status="applied"' in text and 'executor="node-executor"' in text
 
     asyncio.run(scenario())
     names = [topic_prefix + t.name for t in (ACCELERATOR, NODE_HEALTH, COMMAND_RESULTS)]
