@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import secrets
@@ -38,6 +39,7 @@ from pydantic import SecretStr
 
 from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import LocalKafkaBroker
+from fleetloop.report import run_report
 from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings
 from fleetloop.sqlclient import format_table, run_query
 from fleetloop.topics_admin import ensure_topics
@@ -368,3 +370,10 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
         "WHERE ingested_at >= {since} ORDER BY received_at",
     )
     print(f"\n[demo] ground truth of the injected faults: {settings.truth_file}")
+    report = Path("var/report.html")
+    with contextlib.redirect_stdout(io.StringIO()):  # the tables above already said it
+        run_report(settings, report, op.quarantined)
+    print(
+        f"[demo] every SRE question answered, with charts: {report} (`fleetloop report`); "
+        f"live dashboards at {settings.query_url}/dashboards while the worker runs"
+    )

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from html import escape
@@ -27,6 +28,13 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         return [lo]
     step = (hi - lo) / (n - 1)
     return [lo + i * step for i in range(n)]
+
+
+def _gap_s(points: Sequence[Point]) -> float:
+    """A break longer than three typical steps (the median) ends a line."""
+    steps = sorted((b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(points))
+    steps = [s for s in steps if s > 0]
+    return 3 * steps[len(steps) // 2] if steps else float("inf")
 
 
 def _fmt(v: float) -> str:
@@ -80,12 +88,16 @@ def line_chart(
         parts.append(f'<text x="12" y="{TOP + h / 2:.0f}" class="ylabel">{escape(y_label)}</text>')
     for i, (name, pts) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
+        ordered = sorted(pts, key=lambda p: p[0])
+        gap_s = _gap_s(ordered)
         runs: list[list[str]] = [[]]
-        for t, v in sorted(pts, key=lambda p: p[0]):
-            if v is None:
-                runs.append([])
-            else:
+        previous: datetime | None = None
+        for t, v in ordered:
+            if v is None or (previous is not None and (t - previous).total_seconds() > gap_s):
+                runs.append([])  # missing data is a gap, never a straight line across it
+            if v is not None:
                 runs[-1].append(f"{x(t):.1f},{y(v):.1f}")
+            previous = t
         for run in runs:
             if run:
                 parts.append(f'<polyline points="{" ".join(run)}" stroke="{colour}" class="line"/>')

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fleetloop.settings import REPO_ROOT
+from streams.charts import line_chart
 from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.dashboards import expand, load_dashboards, render_page, time_range
 from streams.questions import QuestionError, literal, load_questions
@@ -298,3 +299,15 @@ def test_every_dashboard_panel_runs_on_the_real_schema(
     assert page.count("<polyline") >= 10 and "no data yet" not in page
     assert all(escape(p.title) in page for p in panels)
     assert "class='err'" not in page
+
+
+def test_charts_break_lines_at_gaps_and_say_when_empty() -> None:
+    t0 = START
+    steady = [(t0 + timedelta(minutes=i), float(i)) for i in range(5)]
+    later = [(t0 + timedelta(hours=2, minutes=i), float(i)) for i in range(5)]
+    svg = line_chart("t", {"a": steady + later})
+    assert svg.count("<polyline") == 2  # two runs, not one line across two hours
+    holed = [(t, None if i == 2 else v) for i, (t, v) in enumerate(steady)]
+    assert line_chart("t", {"a": holed}).count("<polyline") == 2  # a missing value, a gap
+    assert "no data yet" in line_chart("t", {"a": []})
+    assert "&lt;b&gt;" in line_chart("<b>", {"a": steady})  # titles are escaped

@@ -10,8 +10,8 @@ SELECT
     sum(d.requests) AS requests_while_cold,
     min(d.observed_at) AS first_cold_at,
     max(d.observed_at) AS last_cold_at,
-    any(w.issued_at) AS warm_issued_at,
-    any(w.status) AS warm_result
+    nullIf(any(w.issued_at), toDateTime64(0, 3, 'UTC')) AS warm_issued_at,
+    nullIf(toString(any(w.status)), '') AS warm_result
 FROM (
     SELECT observed_at, model, toString(region) AS region, sum(requests) AS requests,
            any(interval_s) AS interval_s
