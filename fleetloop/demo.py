@@ -99,8 +99,8 @@ LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
 ORDER BY t
 """
 DBE_SQL = """
-SELECT device_uuid FROM {db}.accelerator_telemetry
-WHERE ingested_at >= {since} AND ecc_dbe_volatile_total > 0 LIMIT 1
+SELECT device_uuid, toString(event_id), observed_at FROM {db}.accelerator_telemetry
+WHERE ingested_at >= {since} AND ecc_dbe_volatile_total > 0 ORDER BY observed_at LIMIT 1
 """
 COLD_DEMAND_SQL = """
 SELECT model, region, sum(requests) FROM {db}.demand WHERE ingested_at >= {since}
@@ -307,6 +307,11 @@ def run_demo(
             print("[demo] broker stopped")
 
 
+def _utc(value: object) -> datetime:
+    at = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: float) -> None:
     """React to what ClickHouse shows until the simulator finishes its run."""
     now = op.sim_now()
@@ -332,8 +337,15 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
             )
             warmed = True
         if not quarantined and (dbe := op.query(DBE_SQL)):
-            device = str(dbe[0][0])
-            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc")
+            device, event_id, observed_at = dbe[0]
+            device = str(device)
+            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc").model_copy(
+                update={
+                    "cause_event_id": uuid.UUID(str(event_id)),
+                    "cause_observed_at": _utc(observed_at),
+                }
+            )
+            q = sign(q, key_id=op.kid, key=op.key)
             op.send([(ROUTE_COMMANDS, q), (ROUTE_COMMANDS, q)])  # the second is a replay
             print(f"[demo] {device} reported a double-bit ECC fault: quarantine it (sent twice)")
             quarantined = True

@@ -53,6 +53,13 @@ class Command(Contract):
     target: Target
     reason: Annotated[str, Field(min_length=1, max_length=64)]
     message: Annotated[str, Field(max_length=1024)] = ""
+    cause_event_id: UUID | None = Field(
+        default=None, description="the telemetry event that triggered the decision behind this"
+    )
+    cause_observed_at: UtcDatetime | None = Field(
+        default=None, description="when that event was observed (for event-to-action latency)"
+    )
+    decision_id: UUID | None = Field(default=None, description="the controller decision it carries")
     key_id: Identifier | None = None
     signature: Annotated[str, Field(max_length=128)] | None = None
 

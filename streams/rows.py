@@ -106,7 +106,8 @@ DEAD_LETTERS = TableLayout(
 COMMAND_HEADER = (
     "schema_version", "command_id", "command_type", "action", "issued_at", "expires_at",
     "issuer", "target_node_id", "target_device_uuid", "target_pool", "target_rack_id",
-    "target_region", "reason", "message", "key_id", "signature", "parameters",
+    "target_region", "reason", "message", "cause_event_id", "cause_observed_at", "decision_id",
+    "key_id", "signature", "parameters",
 )  # fmt: skip
 _HEADER_FIELDS = set(Command.model_fields) | {"action"}
 

@@ -24,6 +24,7 @@ from fleetloop.sim import build_host
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import Command, RouteAction, RouteCommand, Target, WarmAction, WarmCommand
+from schemas.events import AcceleratorTelemetry
 from schemas.topics import (
     ACCELERATOR,
     COMMAND_RESULTS,
@@ -97,6 +98,7 @@ def seed(store: ClickHouseStore) -> Seeded:
         assert result is not None
         add(COMMAND_RESULTS, result)
 
+    dbe_sample: AcceleratorTelemetry | None = None
     for n in range(STEPS):
         if n == 20:
             out.warm = signed_command(
@@ -110,9 +112,12 @@ def seed(store: ClickHouseStore) -> Seeded:
             )
             command(WARM_COMMANDS, out.warm)
         if n == 60:
+            assert dbe_sample is not None, "the storm ends in a double-bit fault at t=50 s"
             out.quarantine = signed_command(
                 RouteCommand,
                 issued_at=sim.now,
+                cause_event_id=dbe_sample.event_id,
+                cause_observed_at=dbe_sample.observed_at,
                 target=Target(device_uuid=FAULTY),
                 action=RouteAction.QUARANTINE,
                 reason="double_bit_ecc",
@@ -129,6 +134,13 @@ def seed(store: ClickHouseStore) -> Seeded:
                 command(ROUTE_COMMANDS, c)
         for spec, value in sim.tick(n):
             add(spec, value)
+            if (
+                dbe_sample is None
+                and isinstance(value, AcceleratorTelemetry)
+                and value.device_uuid == FAULTY
+                and value.ecc_dbe_volatile_total
+            ):
+                dbe_sample = value
     bad = [
         RawMessage(Coordinates(ACCELERATOR.name, 0, offsets[ACCELERATOR.name] + 1), b"k", b"{no"),
         RawMessage(

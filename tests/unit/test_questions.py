@@ -104,6 +104,12 @@ def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) ->
         ("WarmCommand", "warmer", "applied"),
     }
     assert all(r["results"] == 1 and r["result_max_s"] >= 0 for r in latency.values())
+    quarantine = latency[("RouteCommand", "node-executor", "applied")]
+    assert quarantine["with_cause"] == 1
+    # the double-bit fault was observed at t=50 s; the quarantine was issued and applied at 60 s
+    assert (
+        quarantine["event_to_issue_p50_s"] == 10.0 and quarantine["event_to_result_p50_s"] == 10.0
+    )
     outcomes = {
         (r["action"], r["reason"], r["status"]): r["commands"]
         for r in ask(db, "commands_by_outcome")
