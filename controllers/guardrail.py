@@ -1,0 +1,201 @@
+"""The one guardrail every isolating action passes, whichever controller proposes it.
+
+A controller that wants to take capacity away (de-weight, stop new sessions,
+drain, quarantine) asks :meth:`Guardrail.check` first. Four checks, in order;
+the first that refuses names the reason:
+
+1. fail-static: no isolation when the telemetry behind it is older than
+   ``stale_after_s`` (a blind pipeline never drains the fleet);
+2. lockout: once ``lockout_ratio`` of the fleet's devices were isolated within
+   ``lockout_window_s``, nothing more is isolated until a person calls
+   :meth:`Guardrail.reset` (NVSentinel stops after 50% of nodes in 5 minutes);
+   a further step on a device already isolated (drain after de-weight) passes
+   from here on, as it adds no blast radius;
+3. blast radius: at most ``max_isolated_ratio`` of any pool and of any rack
+   isolated at once, but always at least ``min_isolated`` device (Envoy ejects
+   at most 10% of hosts by default);
+4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
+
+Giving capacity back (restore) is never refused. Every answer is a
+:class:`GuardDecision` with a closed reason, for ClickHouse, metrics and logs.
+Pure: time is an argument; the state is plain data and round-trips as JSON.
+
+Example::
+
+    guard = Guardrail(GuardrailConfig(), devices={"d1": ("us-east-h100", "rack-0000"), ...})
+    guard.observe(now)                      # fresh telemetry arrived
+    decision = guard.check(Proposal("d1", isolate=True), now=now)
+    if decision.allowed: ...                # send the command
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+
+class GuardReason(StrEnum):
+    ALLOWED = "allowed"
+    RESTORE = "restore"
+    STALE_TELEMETRY = "stale_telemetry"
+    LOCKED_OUT = "locked_out"
+    POOL_CAP = "pool_cap"
+    RACK_CAP = "rack_cap"
+    RATE_LIMITED = "rate_limited"
+    UNKNOWN_DEVICE = "unknown_device"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardrailConfig:
+    max_isolated_ratio: float = 0.10
+    min_isolated: int = 1
+    max_actions: int = 10
+    rate_window_s: float = 60.0
+    stale_after_s: float = 30.0
+    lockout_ratio: float = 0.5
+    lockout_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_isolated_ratio", "lockout_ratio"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 < value <= 1.0):
+                raise ValueError(f"{name} must be in (0, 1], not {value!r}")
+        for name in ("rate_window_s", "stale_after_s", "lockout_window_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        if self.max_actions < 1 or self.min_isolated < 0:
+            raise ValueError("max_actions must be >= 1 and min_isolated >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    device_uuid: str
+    isolate: bool  # True: take capacity away; False: give it back
+
+
+@dataclass(frozen=True, slots=True)
+class GuardDecision:
+    allowed: bool
+    reason: GuardReason
+    message: str
+
+
+@dataclass(slots=True)
+class GuardrailState:
+    isolated: set[str] = field(default_factory=set)
+    actions: list[datetime] = field(default_factory=list)  # isolating actions, oldest first
+    fresh_at: datetime | None = None  # newest telemetry seen
+    locked_out: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "isolated": sorted(self.isolated),
+                "actions": [a.isoformat() for a in self.actions],
+                "fresh_at": None if self.fresh_at is None else self.fresh_at.isoformat(),
+                "locked_out": self.locked_out,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> GuardrailState:
+        doc = json.loads(text)
+        fresh = doc["fresh_at"]
+        return cls(
+            isolated=set(doc["isolated"]),
+            actions=[datetime.fromisoformat(a) for a in doc["actions"]],
+            fresh_at=None if fresh is None else datetime.fromisoformat(fresh),
+            locked_out=bool(doc["locked_out"]),
+        )
+
+
+class Guardrail:
+    """See the module docstring. ``devices`` maps each device to its (pool, rack)."""
+
+    def __init__(
+        self,
+        config: GuardrailConfig,
+        *,
+        devices: Mapping[str, tuple[str, str]],
+        state: GuardrailState | None = None,
+    ) -> None:
+        self.config = config
+        self.devices = dict(devices)
+        self.state = state if state is not None else GuardrailState()
+        self._pool_size: dict[str, int] = {}
+        self._rack_size: dict[str, int] = {}
+        for pool, rack in self.devices.values():
+            self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
+            self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
+
+    def observe(self, at: datetime) -> None:
+        """Telemetry observed at ``at`` arrived (keeps the guardrail from failing static)."""
+        if self.state.fresh_at is None or at > self.state.fresh_at:
+            self.state.fresh_at = at
+
+    def reset(self) -> None:
+        """A person lifts the lockout."""
+        self.state.locked_out = False
+        self.state.actions.clear()
+
+    def cap(self, size: int) -> int:
+        return max(self.config.min_isolated, math.floor(self.config.max_isolated_ratio * size))
+
+    def check(self, proposal: Proposal, *, now: datetime) -> GuardDecision:
+        """Decide, and when an isolation is allowed, record it."""
+        s, c = self.state, self.config
+        where = self.devices.get(proposal.device_uuid)
+        if where is None:
+            return GuardDecision(False, GuardReason.UNKNOWN_DEVICE, f"{proposal.device_uuid}?")
+        if not proposal.isolate:
+            s.isolated.discard(proposal.device_uuid)
+            return GuardDecision(True, GuardReason.RESTORE, "giving capacity back is never refused")
+        age = None if s.fresh_at is None else (now - s.fresh_at).total_seconds()
+        if age is None or age > c.stale_after_s:
+            seen = "none yet" if age is None else f"{age:.0f}s old"
+            return GuardDecision(
+                False,
+                GuardReason.STALE_TELEMETRY,
+                f"telemetry {seen} (limit {c.stale_after_s:g}s): fail static",
+            )
+        recent = [a for a in s.actions if now - a <= timedelta(seconds=c.lockout_window_s)]
+        if s.locked_out:
+            return GuardDecision(False, GuardReason.LOCKED_OUT, "locked out until a person resets")
+        if proposal.device_uuid in s.isolated:  # a further step on the ladder adds no radius
+            return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
+        pool, rack = where
+        for reason, key, sizes in (
+            (GuardReason.POOL_CAP, pool, self._pool_size),
+            (GuardReason.RACK_CAP, rack, self._rack_size),
+        ):
+            members = sum(1 for d in s.isolated if self._where(d, reason) == key)
+            limit = self.cap(sizes[key])
+            if members + 1 > limit:
+                return GuardDecision(
+                    False, reason, f"{key}: {members} of {sizes[key]} isolated, cap {limit}"
+                )
+        in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
+        if len(in_window) >= c.max_actions:
+            return GuardDecision(
+                False,
+                GuardReason.RATE_LIMITED,
+                f"{len(in_window)} isolations in {c.rate_window_s:g}s",
+            )
+        s.isolated.add(proposal.device_uuid)
+        s.actions = [*recent, now]
+        if len(s.actions) >= c.lockout_ratio * len(self.devices):
+            s.locked_out = True  # this one goes through; the next ones wait for a person
+        return GuardDecision(
+            True, GuardReason.ALLOWED, f"{pool}: {len(s.isolated)} isolated fleet-wide"
+        )
+
+    def _where(self, device: str, reason: GuardReason) -> str | None:
+        where = self.devices.get(device)
+        if where is None:
+            return None
+        return where[0] if reason is GuardReason.POOL_CAP else where[1]

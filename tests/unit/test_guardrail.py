@@ -1,0 +1,121 @@
+"""The shared guardrail as scenario tables: fail-static, lockout, blast radius, rate."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from controllers.guardrail import (
+    Guardrail,
+    GuardrailConfig,
+    GuardrailState,
+    GuardReason,
+    Proposal,
+)
+from tests.factories import START
+
+# two pools of 20 devices; each pool spread over two racks of 10
+DEVICES = {
+    f"{pool}-d{i:02d}": (pool, f"{pool}-rack{i // 10}") for pool in ("p1", "p2") for i in range(20)
+}
+
+
+def _guard(**config: float) -> Guardrail:
+    g = Guardrail(GuardrailConfig(**config), devices=DEVICES)  # type: ignore[arg-type]
+    g.observe(START)
+    return g
+
+
+def _isolate(g: Guardrail, device: str, at_s: float = 1.0) -> GuardReason:
+    return g.check(Proposal(device, isolate=True), now=START + timedelta(seconds=at_s)).reason
+
+
+def test_blast_radius_caps_each_pool_and_rack() -> None:
+    g = _guard(max_isolated_ratio=0.1, max_actions=100)
+    assert _isolate(g, "p1-d00") is GuardReason.ALLOWED  # rack cap: max(1, 10% of 10) = 1
+    assert _isolate(g, "p1-d01") is GuardReason.RACK_CAP
+    assert _isolate(g, "p1-d10") is GuardReason.ALLOWED  # other rack; pool now 2 of 20
+    assert _isolate(g, "p1-d11") is GuardReason.POOL_CAP  # pool: max(1, 10% of 20) = 2
+    assert _isolate(g, "p2-d00") is GuardReason.ALLOWED  # another pool is untouched by p1's cap
+    g2 = _guard(max_isolated_ratio=0.2, max_actions=100)
+    for d in ("p1-d00", "p1-d01", "p1-d10", "p1-d11"):
+        assert _isolate(g2, d) is GuardReason.ALLOWED  # racks 2 of 10, pool 4 of 20
+    assert _isolate(g2, "p1-d02") is GuardReason.POOL_CAP  # pool at 4 of 20 (the cap)
+    singles = {**DEVICES, **{f"p1-x{i}": ("p1", f"solo-{i}") for i in range(3)}}
+    g3 = Guardrail(GuardrailConfig(max_isolated_ratio=0.1, max_actions=100), devices=singles)
+    g3.observe(START)
+    for d in ("p1-x0", "p1-x1"):  # single-device racks, so only the pool cap binds
+        assert _isolate(g3, d) is GuardReason.ALLOWED  # pool of 23: max(1, 2) = 2
+    assert _isolate(g3, "p1-x2") is GuardReason.POOL_CAP
+
+
+def test_restore_is_never_refused_and_frees_room() -> None:
+    g = _guard()
+    assert _isolate(g, "p1-d00") is GuardReason.ALLOWED
+    assert _isolate(g, "p1-d01") is GuardReason.RACK_CAP
+    back = g.check(Proposal("p1-d00", isolate=False), now=START + timedelta(hours=5))
+    assert back.allowed and back.reason is GuardReason.RESTORE  # even with stale telemetry
+    assert _isolate(g, "p1-d01") is GuardReason.ALLOWED
+
+
+@pytest.mark.parametrize(
+    ("age_s", "expected"),
+    [(0.0, GuardReason.ALLOWED), (30.0, GuardReason.ALLOWED), (30.5, GuardReason.STALE_TELEMETRY)],
+)
+def test_fail_static_when_telemetry_is_stale(age_s: float, expected: GuardReason) -> None:
+    assert _isolate(_guard(stale_after_s=30.0), "p1-d00", at_s=age_s) is expected
+
+
+def test_no_telemetry_yet_is_stale() -> None:
+    g = Guardrail(GuardrailConfig(), devices=DEVICES)
+    decision = g.check(Proposal("p1-d00", isolate=True), now=START)
+    assert decision.reason is GuardReason.STALE_TELEMETRY and "none yet" in decision.message
+
+
+def test_rate_limit_over_a_sliding_window() -> None:
+    g = _guard(max_actions=2, rate_window_s=60.0, max_isolated_ratio=1.0)
+    g.observe(START + timedelta(seconds=100))
+    assert _isolate(g, "p1-d00", 10) is GuardReason.ALLOWED
+    assert _isolate(g, "p1-d01", 20) is GuardReason.ALLOWED
+    assert _isolate(g, "p1-d02", 30) is GuardReason.RATE_LIMITED
+    assert _isolate(g, "p1-d02", 71) is GuardReason.ALLOWED  # the first left the window
+
+
+def test_lockout_after_half_the_fleet_until_a_person_resets() -> None:
+    g = _guard(max_isolated_ratio=1.0, max_actions=1000, lockout_ratio=0.5)
+    devices = sorted(DEVICES)
+    for d in devices[:20]:  # 20 of 40: this one still goes, the lockout engages behind it
+        assert _isolate(g, d) is GuardReason.ALLOWED
+    assert _isolate(g, devices[20]) is GuardReason.LOCKED_OUT
+    assert _isolate(g, devices[0]) is GuardReason.LOCKED_OUT  # even a further step waits
+    g.reset()
+    assert _isolate(g, devices[20]) is GuardReason.ALLOWED
+
+
+def test_a_further_step_on_an_isolated_device_adds_no_radius() -> None:
+    g = _guard()
+    assert _isolate(g, "p1-d00") is GuardReason.ALLOWED  # de-weight
+    assert _isolate(g, "p1-d00") is GuardReason.ALLOWED  # then drain: not a second device
+
+
+def test_unknown_device_and_bad_config_are_refused() -> None:
+    assert _isolate(_guard(), "nope") is GuardReason.UNKNOWN_DEVICE
+    for bad in (
+        {"max_isolated_ratio": 0.0},
+        {"lockout_ratio": float("nan")},
+        {"stale_after_s": -1.0},
+        {"max_actions": 0},
+    ):
+        with pytest.raises(ValueError):
+            GuardrailConfig(**bad)
+
+
+def test_state_round_trips_and_the_guardrail_resumes_from_it() -> None:
+    g = _guard()
+    _isolate(g, "p1-d00")
+    restored = Guardrail(
+        GuardrailConfig(), devices=DEVICES, state=GuardrailState.from_json(g.state.to_json())
+    )
+    assert restored.state == g.state
+    assert _isolate(restored, "p1-d01") is GuardReason.RACK_CAP  # it remembers p1-d00
