@@ -48,6 +48,7 @@ from schemas.codec import encode
 from schemas.commands import RouteAction, RouteCommand, Target, WarmAction, WarmCommand
 from schemas.signing import sign
 from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, WARM_COMMANDS, TopicSpec
+from streams.report import as_utc
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
 DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
@@ -189,7 +190,10 @@ class Operator:
         at: datetime | None = None,
         ttl_s: float = 120.0,
         key: bytes | None = None,
+        cause: tuple[uuid.UUID, datetime] | None = None,
     ) -> RouteCommand:
+        """A signed route command (``key``: sign with another key, a forgery); ``cause``
+        names the triggering event and when it was observed."""
         issued = at or self.sim_now()
         command = RouteCommand(
             command_id=uuid.uuid4(),
@@ -199,6 +203,8 @@ class Operator:
             target=Target(device_uuid=device),
             reason=reason,
             action=action,
+            cause_event_id=None if cause is None else cause[0],
+            cause_observed_at=None if cause is None else cause[1],
         )
         return sign(command, key_id=self.kid, key=key or self.key)
 
@@ -307,11 +313,6 @@ def run_demo(
             print("[demo] broker stopped")
 
 
-def _utc(value: object) -> datetime:
-    at = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
-
-
 def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: float) -> None:
     """React to what ClickHouse shows until the simulator finishes its run."""
     now = op.sim_now()
@@ -339,13 +340,8 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
         if not quarantined and (dbe := op.query(DBE_SQL)):
             device, event_id, observed_at = dbe[0]
             device = str(device)
-            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc").model_copy(
-                update={
-                    "cause_event_id": uuid.UUID(str(event_id)),
-                    "cause_observed_at": _utc(observed_at),
-                }
-            )
-            q = sign(q, key_id=op.kid, key=op.key)
+            cause = (uuid.UUID(str(event_id)), as_utc(observed_at))
+            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc", cause=cause)
             op.send([(ROUTE_COMMANDS, q), (ROUTE_COMMANDS, q)])  # the second is a replay
             print(f"[demo] {device} reported a double-bit ECC fault: quarantine it (sent twice)")
             quarantined = True

@@ -27,7 +27,7 @@ from typing import Any
 
 from streams.charts import Point, line_chart
 from streams.clickhouse_store import QueryResult
-from streams.report import STYLE
+from streams.report import STYLE, as_utc
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "infra" / "grafana" / "dashboards"
 _TIME_FILTER = re.compile(r"\$__timeFilter\(([^()]+)\)")
@@ -82,7 +82,7 @@ def time_range(query: Query, *, database: str, span: timedelta) -> tuple[datetim
     newest = rows[0][0] if rows and rows[0][0] is not None else None
     end = datetime.now(UTC)
     if isinstance(newest, datetime) and newest.year > 1970:
-        end = newest if newest.tzinfo else newest.replace(tzinfo=UTC)
+        end = as_utc(newest)
     return end - span, end + timedelta(minutes=1)
 
 
@@ -91,7 +91,7 @@ def _series(result: QueryResult) -> dict[str, list[Point]]:
     out: dict[str, list[Point]] = {}
     cols = result.columns
     for row in result.rows:
-        at = row[0] if row[0].tzinfo else row[0].replace(tzinfo=UTC)
+        at = as_utc(row[0])
         if len(cols) == 3 and isinstance(row[1], str):
             value = None if row[2] is None else float(row[2])
             out.setdefault(row[1], []).append((at, value))

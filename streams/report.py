@@ -108,7 +108,8 @@ def isolated_device(query: Query, *, database: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-def _utc(value: Any) -> datetime:
+def as_utc(value: Any) -> datetime:
+    """A ClickHouse instant (naive means UTC, or an ISO string) as an aware datetime."""
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
@@ -125,7 +126,7 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         quoted = literal("String", device)
         rows = query(DEVICE_SQL.format(db=db, device=quoted)).rows
         marks = [
-            (_utc(t), str(label))
+            (as_utc(t), str(label))
             for t, label in query(DEVICE_ACTIONS_SQL.format(db=db, device=quoted)).rows
         ]
         peak_w = max((_num(r[2]) or 0.0 for r in rows), default=1.0) or 1.0
@@ -134,12 +135,12 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
             line_chart(
                 f"{device}: telemetry and actions (power and temperature scaled to their peak)",
                 {
-                    "utilisation": [(_utc(r[0]), _num(r[1])) for r in rows],
+                    "utilisation": [(as_utc(r[0]), _num(r[1])) for r in rows],
                     f"power / {peak_w:.0f} W": [
-                        (_utc(r[0]), (_num(r[2]) or 0) / peak_w) for r in rows
+                        (as_utc(r[0]), (_num(r[2]) or 0) / peak_w) for r in rows
                     ],
                     f"temperature / {peak_c:.0f} C": [
-                        (_utc(r[0]), (_num(r[3]) or 0) / peak_c) for r in rows
+                        (as_utc(r[0]), (_num(r[3]) or 0) / peak_c) for r in rows
                     ],
                 },
                 markers=marks,
@@ -148,13 +149,13 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         )
     demand: dict[str, list[Point]] = {}
     for minute, model, requests, served in query(DEMAND_SQL.format(db=db)).rows:
-        demand.setdefault(f"{model} demanded", []).append((_utc(minute), _num(requests)))
-        demand.setdefault(f"{model} served", []).append((_utc(minute), _num(served)))
+        demand.setdefault(f"{model} demanded", []).append((as_utc(minute), _num(requests)))
+        demand.setdefault(f"{model} served", []).append((as_utc(minute), _num(served)))
     out.append(line_chart("demand against served, requests per minute", demand, y_label="requests"))
     latency: dict[str, list[Point]] = {}
     for minute, pool, tpot in query(LATENCY_SQL.format(db=db)).rows:
-        latency.setdefault(str(pool), []).append((_utc(minute), _num(tpot)))
-    marks = [(_utc(t), str(label)) for t, label in query(ACTIONS_SQL.format(db=db)).rows]
+        latency.setdefault(str(pool), []).append((as_utc(minute), _num(tpot)))
+    marks = [(as_utc(t), str(label)) for t, label in query(ACTIONS_SQL.format(db=db)).rows]
     out.append(
         line_chart(
             "latency per pool (p95 TPOT, s) and commands", latency, markers=marks, y_label="seconds"
