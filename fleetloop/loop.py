@@ -17,10 +17,13 @@ from agents.executors.host import ExecutorHost
 from agents.loop import LoopSource, LoopStats, run_closed_loop, serve_http
 from agents.publisher import KafkaPublisher
 from agents.spool import DiskSpool
+from fleetloop.settings import LoopSettings
 
 
 @dataclass(frozen=True, slots=True)
 class LoopWiring:
+    """Where a loop talks: the broker, its consumer group, its web port and spool."""
+
     bootstrap: str
     topic_prefix: str
     group_id: str
@@ -31,6 +34,27 @@ class LoopWiring:
     spool_max_bytes: int
     send_timeout_s: float
     pages: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+
+def wiring_for(
+    settings: LoopSettings,
+    *,
+    group_id: str,
+    client_id: str,
+    pages: dict[str, Callable[[], Any]] | None = None,
+) -> LoopWiring:
+    return LoopWiring(
+        bootstrap=settings.kafka_bootstrap,
+        topic_prefix=settings.topic_prefix,
+        group_id=group_id,
+        client_id=client_id,
+        web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        spool_dir=settings.spool_dir,
+        spool_max_bytes=settings.spool_max_bytes,
+        send_timeout_s=settings.send_timeout_s,
+        pages=pages or {},
+    )
 
 
 async def run_loop(

@@ -17,7 +17,7 @@ from agents.executors.gate import CommandGate, SeenCommands
 from agents.executors.host import ExecutorHost, HostedExecutor
 from agents.gpu_host import GpuHost
 from agents.loop import LoopStats
-from fleetloop.loop import LoopWiring, run_loop
+from fleetloop.loop import run_loop, wiring_for
 from fleetloop.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -59,16 +59,10 @@ async def run_node_async(
             handled = stats.results
 
     host = ExecutorHost({Scope.NODE: executor}, registry=registry)
-    wiring = LoopWiring(
-        bootstrap=settings.kafka_bootstrap,
-        topic_prefix=settings.topic_prefix,
+    wiring = wiring_for(
+        settings,
         group_id=settings.group_id or f"fleetloop-node-{settings.node_id}",
         client_id=f"fleetloop-node-{settings.node_id}",
-        web_port=settings.web_port,
-        web_bind=settings.web_bind,
-        spool_dir=settings.spool_dir,
-        spool_max_bytes=settings.spool_max_bytes,
-        send_timeout_s=settings.send_timeout_s,
     )
     try:
         return await run_loop(

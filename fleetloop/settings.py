@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+OptionalPath = Annotated[Path | None, BeforeValidator(lambda v: None if v in ("", "none") else v)]
+"""A path setting that ``''`` (or ``none``) turns off."""
 INFRA_DIR = REPO_ROOT / "infra"
 
 
@@ -66,7 +70,18 @@ class ConnectionSettings(_Base):
     )
 
 
-class AgentSettings(ConnectionSettings):
+class PublisherSettings(ConnectionSettings):
+    """What every telemetry producer needs: where to spool what the broker misses."""
+
+    spool_dir: OptionalPath = Field(
+        Path("var/spool"),
+        description="disk spool for events the broker did not acknowledge ('' disables it)",
+    )
+    spool_max_bytes: int = Field(256 * 1024**2, gt=0, description="spool bound; oldest dropped")
+    send_timeout_s: float = Field(10.0, gt=0, description="wait this long for an ack, then spool")
+
+
+class AgentSettings(PublisherSettings):
     """The simulated node agent (`fleetloop agent`)."""
 
     nodes: int = Field(10, ge=1)
@@ -76,17 +91,6 @@ class AgentSettings(ConnectionSettings):
     seed: int = 7
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
     metrics_bind: str = Field("127.0.0.1", description="address the metrics port binds")
-    spool_dir: Path | None = Field(
-        Path("var/spool"),
-        description="disk spool for events the broker did not acknowledge ('' disables it)",
-    )
-    spool_max_bytes: int = Field(256 * 1024**2, gt=0, description="spool bound; oldest dropped")
-    send_timeout_s: float = Field(10.0, gt=0, description="wait this long for an ack, then spool")
-
-    @field_validator("spool_dir", mode="before")
-    @classmethod
-    def _empty_disables_spool(cls, value: object) -> object:
-        return None if value in ("", "none") else value
 
 
 class CommandKeySettings(_Base):
@@ -122,7 +126,15 @@ class CommandKeySettings(_Base):
         return kid, keys[kid]
 
 
-class SimSettings(ConnectionSettings, CommandKeySettings):
+class LoopSettings(PublisherSettings, CommandKeySettings):
+    """A closed loop on the node side: telemetry out, commands in (`sim`, `node`)."""
+
+    web_port: int = Field(6070, ge=0, le=65535, description="metrics and health")
+    web_bind: str = "127.0.0.1"
+    group_id: str | None = Field(None, description="consumer group of the executors")
+
+
+class SimSettings(LoopSettings):
     """The closed-loop fleet simulator with its executors (`fleetloop sim`)."""
 
     scenario: Path | None = Field(None, description="scenario file (YAML); a steady fleet if unset")
@@ -130,23 +142,17 @@ class SimSettings(ConnectionSettings, CommandKeySettings):
     speed: float = Field(1.0, gt=0, le=1000, description="simulated seconds per wall second")
     seed: int | None = Field(None, description="override the scenario's seed")
     ticks: int | None = Field(None, ge=1, description="stop after this many steps")
-    truth_file: Path | None = Field(
+    truth_file: OptionalPath = Field(
         Path("var/sim/truth.jsonl"), description="ground truth of injected faults (JSON lines)"
     )
     web_port: int = Field(6070, ge=0, le=65535, description="router table, metrics and health")
-    web_bind: str = "127.0.0.1"
-    group_id: str = Field("fleetloop-sim-executors", description="consumer group of the executors")
-    spool_dir: Path | None = Field(Path("var/sim-spool"), description="disk spool ('' disables)")
-    spool_max_bytes: int = Field(256 * 1024**2, gt=0)
-    send_timeout_s: float = Field(10.0, gt=0)
-
-    @field_validator("spool_dir", "truth_file", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value in ("", "none") else value
+    group_id: str | None = Field(
+        "fleetloop-sim-executors", description="consumer group of the executors"
+    )
+    spool_dir: OptionalPath = Field(Path("var/sim-spool"), description="disk spool ('' disables)")
 
 
-class NodeSettings(ConnectionSettings, CommandKeySettings):
+class NodeSettings(LoopSettings):
     """The agent and node executor of a real GPU host (`fleetloop node`), through NVML."""
 
     node_id: str = Field(default_factory=socket.gethostname, description="this host's node id")
@@ -157,20 +163,12 @@ class NodeSettings(ConnectionSettings, CommandKeySettings):
     interval_s: float = Field(1.0, gt=0, description="seconds between samples")
     ticks: int | None = Field(None, ge=1, description="stop after this many samples")
     web_port: int = Field(6071, ge=0, le=65535, description="metrics and health")
-    web_bind: str = "127.0.0.1"
     group_id: str | None = Field(None, description="consumer group (default: one per node)")
-    spool_dir: Path | None = Field(Path("var/node-spool"), description="disk spool ('' disables)")
-    spool_max_bytes: int = Field(256 * 1024**2, gt=0)
-    send_timeout_s: float = Field(10.0, gt=0)
-    seen_file: Path | None = Field(
+    spool_dir: OptionalPath = Field(Path("var/node-spool"), description="disk spool ('' disables)")
+    seen_file: OptionalPath = Field(
         Path("var/node-state/seen-commands.json"),
         description="command ids already handled, kept across restarts ('' disables)",
     )
-
-    @field_validator("spool_dir", "seen_file", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value in ("", "none") else value
 
 
 class WorkerSettings(ConnectionSettings):

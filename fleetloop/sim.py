@@ -16,7 +16,7 @@ from agents.loop import LoopStats
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario, load_scenario
 from agents.sim.simulation import Simulation
-from fleetloop.loop import LoopWiring, run_loop
+from fleetloop.loop import run_loop, wiring_for
 from fleetloop.settings import SimSettings
 
 log = logging.getLogger(__name__)
@@ -57,16 +57,10 @@ async def run_sim_async(
     registry = registry or CollectorRegistry()
     control = SimControl(sim.fleet)
     host = build_host(control, settings.verification_keys(), registry)
-    wiring = LoopWiring(
-        bootstrap=settings.kafka_bootstrap,
-        topic_prefix=settings.topic_prefix,
-        group_id=settings.group_id,
+    wiring = wiring_for(
+        settings,
+        group_id=settings.group_id or "fleetloop-sim-executors",
         client_id="fleetloop-sim",
-        web_port=settings.web_port,
-        web_bind=settings.web_bind,
-        spool_dir=settings.spool_dir,
-        spool_max_bytes=settings.spool_max_bytes,
-        send_timeout_s=settings.send_timeout_s,
         pages={"/routes": control.table},
     )
     if settings.truth_file is not None:
