@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agents.collectors.base import NodeIdentity
-from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl
+from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl, NvmlSession
 from agents.executors.executors import NodeExecutor, Scope
 from agents.executors.gate import CommandGate, SeenCommands
 from agents.executors.host import ExecutorHost, HostedExecutor
@@ -40,8 +40,9 @@ async def run_node_async(
     tests, the real pynvml otherwise)."""
     registry = registry or CollectorRegistry()
     identity = identity_of(settings)
-    reader = NvmlGpuReader(identity, nvml=nvml)
-    control = NvmlNodeControl(identity, nvml=nvml)
+    session = NvmlSession(nvml)  # one NVML initialisation for the reader and the levers
+    reader = NvmlGpuReader(identity, session=session)
+    control = NvmlNodeControl(identity, session=session)
     gpu_host = GpuHost(identity, reader, interval_s=settings.interval_s)
     seen = load_seen(settings.seen_file)
     gate = CommandGate(keys=settings.verification_keys(), seen=seen)
@@ -75,8 +76,7 @@ async def run_node_async(
             on_published=remember,
         )
     finally:
-        reader.close()
-        control.session.close()
+        reader.close()  # frees its event set and shuts the shared session down
 
 
 def load_seen(path: Path | None) -> SeenCommands:

@@ -102,10 +102,11 @@ class NvmlGpuReader:
         identity: NodeIdentity,
         *,
         nvml: Any = None,
+        session: NvmlSession | None = None,
         new_id: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
         self.identity = identity
-        self.session = NvmlSession(nvml)
+        self.session = session or NvmlSession(nvml)
         self.nvml = self.session.nvml
         self.new_id = new_id
         self.types = {u: accelerator_type(n) for u, n in self.session.names.items()}
@@ -251,9 +252,11 @@ def _scaled(value: float | None, factor: float) -> float | None:
 class NvmlNodeControl:
     """The node executor's levers on a GPU host, through NVML (needs root for limits)."""
 
-    def __init__(self, identity: NodeIdentity, *, nvml: Any = None) -> None:
+    def __init__(
+        self, identity: NodeIdentity, *, nvml: Any = None, session: NvmlSession | None = None
+    ) -> None:
         self.identity = identity
-        self.session = NvmlSession(nvml)
+        self.session = session or NvmlSession(nvml)
         self.nvml = self.session.nvml
 
     def devices(self, target: Target) -> list[str]:

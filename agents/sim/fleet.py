@@ -35,7 +35,6 @@ from agents.sim.demand import DemandSource
 from agents.sim.faults import ActiveFaults, FaultClock
 from agents.sim.hardware import (
     ACCELERATORS,
-    CLOCK_LOW_FACTOR,
     CLOCKS_HW_SLOWDOWN,
     CLOCKS_HW_THERMAL,
     CLOCKS_SW_POWER_CAP,
@@ -54,7 +53,6 @@ from agents.sim.state import (
     RouterTable,
 )
 from schemas.base import AcceleratorType
-from schemas.commands import ClockMode
 
 NODES_PER_RACK = 4
 RACKS_PER_POD = 2
@@ -200,18 +198,20 @@ class Fleet:
     def _reboot(self, node: Node, t: float) -> None:
         node.booted_at_s = t
         for dev in node.devices:
-            dev.queue = 0.0
-            dev.temp_celsius = INLET_CELSIUS + 10.0
-            dev.sbe_volatile = dev.dbe_volatile = 0
-            if dev.model is not None:
-                dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
+            self._cold_start(dev, t)
 
     def _repair(self, dev: Device, t: float) -> None:
-        """The device was swapped: clean counters, model reloading."""
+        """The device was swapped: a sound one, starting cold."""
         dev.failed = dev.lost = False
-        dev.sbe_volatile = dev.dbe_volatile = 0
-        dev.temp_celsius = INLET_CELSIUS + 10.0
         dev.thermal_clock = 1.0
+        self._cold_start(dev, t)
+
+    @staticmethod
+    def _cold_start(dev: Device, t: float) -> None:
+        """Power on: empty queue, cool, volatile counters cleared, its model reloading."""
+        dev.queue = 0.0
+        dev.temp_celsius = INLET_CELSIUS + 10.0
+        dev.sbe_volatile = dev.dbe_volatile = 0
         if dev.model is not None:
             dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
 
@@ -273,8 +273,7 @@ class Fleet:
             dev.power_watts = 0.0
             return
         health = dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
-        mode = CLOCK_LOW_FACTOR if dev.clock_mode is ClockMode.LOW else 1.0
-        dev.clock_ratio = min(mode, dev.cap_clock, dev.thermal_clock)
+        dev.clock_ratio = min(dev.clock_ceiling, dev.cap_clock)
         if dev.model is None or not dev.serving(t):
             loading = dev.model is not None
             dev.busy_ratio = 0.3 if loading else 0.0
@@ -327,8 +326,7 @@ class Fleet:
             hw.idle_watts + dyn_max * work * dev.clock_ratio,
             max(hw.idle_watts, dev.power_cap_watts),
         )
-        free = min(CLOCK_LOW_FACTOR if dev.clock_mode is ClockMode.LOW else 1.0, dev.thermal_clock)
-        if work > 0 and hw.idle_watts + dyn_max * work * free > dev.power_cap_watts:
+        if work > 0 and hw.idle_watts + dyn_max * work * dev.clock_ceiling > dev.power_cap_watts:
             reasons |= CLOCKS_SW_POWER_CAP
             dev.cap_clock = max(0.2, (dev.power_cap_watts - hw.idle_watts) / (dyn_max * work))
         else:

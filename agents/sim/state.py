@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agents.sim.hardware import AcceleratorSpec
+from agents.sim.hardware import CLOCK_LOW_FACTOR, AcceleratorSpec
 from schemas.base import AcceleratorType
 from schemas.commands import ClockMode
 
@@ -68,6 +68,12 @@ class Device:
     xid: int | None = None  # raised during the last step
     failed: bool = False  # double-bit fault: still reports, serves only errors
     lost: bool = False  # fell off the bus: reports nothing
+
+    @property
+    def clock_ceiling(self) -> float:
+        """The clock ratio the clock mode and hardware slowdown allow (the power cap aside)."""
+        mode = CLOCK_LOW_FACTOR if self.clock_mode is ClockMode.LOW else 1.0
+        return min(mode, self.thermal_clock)
 
     def serving(self, t_s: float) -> bool:
         return self.model is not None and t_s >= self.ready_at_s and not self.node.down
