@@ -17,10 +17,9 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from agents.collectors.base import AcceleratorReader, NodeIdentity
+from agents.collectors.base import AcceleratorReader, NodeIdentity, heartbeat
 from agents.runner import Records
 from schemas.commands import Command
-from schemas.events import NodeHealth
 from schemas.topics import ACCELERATOR, NODE_HEALTH
 
 AGENT_VERSION = "fleetloop-node/0.2.0"
@@ -63,17 +62,13 @@ class GpuHost:
         samples = self.reader.read(now)
         self.devices |= {s.device_uuid for s in samples}
         self.heartbeat_seq += 1
-        i = self.identity
-        beat = NodeHealth(
+        beat = heartbeat(
+            self.identity,
             event_id=self.new_id(),
-            observed_at=now,
-            node_id=i.node_id,
-            region=i.region,
-            pod_id=i.pod_id,
-            rack_id=i.rack_id,
+            at=now,
+            seq=self.heartbeat_seq,
+            uptime_s=self.monotonic() - self.started,
             agent_version=AGENT_VERSION,
-            heartbeat_seq=self.heartbeat_seq,
-            uptime_s=max(0.0, self.monotonic() - self.started),
         )
         return [*((ACCELERATOR, s) for s in samples), (NODE_HEALTH, beat)]
 

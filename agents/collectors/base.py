@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
+from uuid import UUID
 
-from schemas.events import AcceleratorTelemetry
+from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeResult
 
 if TYPE_CHECKING:
     from agents.sim.simulation import Simulation
@@ -27,6 +28,31 @@ class NodeIdentity:
     pod_id: str
     rack_id: str
     pdu_id: str
+
+
+def heartbeat(
+    identity: NodeIdentity,
+    *,
+    event_id: UUID,
+    at: datetime,
+    seq: int,
+    uptime_s: float,
+    agent_version: str,
+    probes: tuple[ProbeResult, ...] = (),
+) -> NodeHealth:
+    """The heartbeat a node agent publishes each interval, with any probes it ran."""
+    return NodeHealth(
+        event_id=event_id,
+        observed_at=at,
+        node_id=identity.node_id,
+        region=identity.region,
+        pod_id=identity.pod_id,
+        rack_id=identity.rack_id,
+        agent_version=agent_version,
+        heartbeat_seq=seq,
+        uptime_s=max(0.0, uptime_s),
+        probes=probes,
+    )
 
 
 class AcceleratorReader(Protocol):

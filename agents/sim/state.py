@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from agents.collectors.base import NodeIdentity
 from agents.sim.hardware import CLOCK_LOW_FACTOR, AcceleratorSpec
 from schemas.base import AcceleratorType
 from schemas.commands import ClockMode
@@ -101,6 +102,10 @@ class Node:
     @property
     def down(self) -> bool:
         return self.crashed or self.tripped
+
+    @property
+    def identity(self) -> NodeIdentity:
+        return NodeIdentity(self.node_id, self.region, self.pod_id, self.rack_id, self.pdu_id)
 
 
 @dataclass(slots=True)

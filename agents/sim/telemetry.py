@@ -13,6 +13,7 @@ import random
 import uuid
 from datetime import datetime
 
+from agents.collectors.base import heartbeat
 from agents.sim.fleet import BATCH_MAX, Fleet
 from agents.sim.hardware import GIB, MODELS
 from agents.sim.state import Device, Node, Rack
@@ -120,16 +121,13 @@ class TelemetryBuilder:
         probes: tuple[ProbeResult, ...] = ()
         if probes_due:
             probes = tuple(self._probe(dev) for dev in node.devices)
-        return NodeHealth(
+        return heartbeat(
+            node.identity,
             event_id=self._id(),
-            observed_at=at,
-            node_id=node.node_id,
-            region=node.region,
-            pod_id=node.pod_id,
-            rack_id=node.rack_id,
+            at=at,
+            seq=node.heartbeat_seq,
+            uptime_s=self.fleet.t_s - node.booted_at_s,
             agent_version=AGENT_VERSION,
-            heartbeat_seq=node.heartbeat_seq,
-            uptime_s=max(0.0, self.fleet.t_s - node.booted_at_s),
             probes=probes,
         )
 
