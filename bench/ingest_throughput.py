@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -29,8 +28,9 @@ from prometheus_client import CollectorRegistry
 
 from agents.publisher import KafkaPublisher
 from agents.simulated import SimulatedFleetAgent
-from fleetloop.kafka_broker import LocalKafkaBroker, free_port
-from fleetloop.settings import REPO_ROOT, BrokerSettings
+from bench.broker import bench_broker
+from fleetloop.kafka_broker import free_port
+from fleetloop.settings import REPO_ROOT
 from fleetloop.topics_admin import ensure_topics
 from fleetloop.worker import tune_gc
 from schemas.base import Contract
@@ -167,20 +167,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleetloop-bench-") as tmp:
         home = Path(tmp)
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
-        broker = None
-        if not bootstrap:
-            broker = LocalKafkaBroker(
-                BrokerSettings(
-                    broker_dir=home / "kafka",
-                    jar_dir=REPO_ROOT / ".cache" / "kafka",
-                    port=free_port(),
-                    controller_port=free_port(),
-                )
-            )
-            broker.up()
-            bootstrap = broker.bootstrap
-        try:
+        with bench_broker(home) as bootstrap:
             prefix = f"bench-{uuid.uuid4().hex[:8]}."
             asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
             events = _events(args.events)
@@ -213,9 +200,6 @@ def main() -> None:
                 f"ratio gc tuned / gc default (raw + sink): "
                 f"{sink_rates['tuned'] / sink_rates['default']:.3f}"
             )
-        finally:
-            if broker is not None:
-                broker.down()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 import uuid
@@ -34,8 +33,8 @@ from agents.publisher import KafkaPublisher
 from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
-from fleetloop.kafka_broker import LocalKafkaBroker, free_port
-from fleetloop.settings import REPO_ROOT, BrokerSettings
+from bench.broker import bench_broker
+from fleetloop.settings import REPO_ROOT
 from fleetloop.sim import build_host
 from fleetloop.topics_admin import ensure_topics
 from schemas.codec import encode
@@ -106,31 +105,11 @@ def main() -> None:
     enc_s, events = _step_only(args.nodes, args.steps, encode_too=True)
     _line("  + JSON encoding", enc_s, events, args.steps, interval_s)
     with tempfile.TemporaryDirectory(prefix="fleetloop-bench-") as tmp:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
-        broker = None
-        if not bootstrap:
-            broker = LocalKafkaBroker(
-                BrokerSettings(
-                    broker_dir=Path(tmp) / "kafka",
-                    jar_dir=REPO_ROOT / ".cache" / "kafka",
-                    port=free_port(),
-                    controller_port=free_port(),
-                )
-            )
-            broker.up()
-            bootstrap = broker.bootstrap
-        try:
+        with bench_broker(Path(tmp)) as bootstrap:
             loop_s, acked = asyncio.run(_closed_loop(bootstrap, args.nodes, args.steps))
-            loop = _line(
-                "closed loop: + executors + publish (acks=all)",
-                loop_s,
-                acked,
-                args.steps,
-                interval_s,
-            )
-        finally:
-            if broker is not None:
-                broker.down()
+        loop = _line(
+            "closed loop: + executors + publish (acks=all)", loop_s, acked, args.steps, interval_s
+        )
     print(f"closed loop / simulator alone: {loop / base:.2f}")
 
 
