@@ -31,7 +31,7 @@ from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
-from streams.dashboards import render_page
+from streams.dashboards import load_dashboards, render_page
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
 from streams.rows import Coordinates
@@ -236,6 +236,8 @@ def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegist
             return web.json({"status": "unhealthy", "clickhouse": repr(exc)[:500]}, status=503)
         return web.json({"status": "ok", "clickhouse": "ok"})
 
+    dashboards = load_dashboards()  # read once; each request only runs the panels
+
     @app.page("/dashboards")
     async def dashboards_page(web: Any, request: Any) -> Any:
         """The Grafana dashboards' panels, run on the data this process owns (read-only)."""
@@ -243,7 +245,7 @@ def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegist
         def query(sql: str) -> QueryResult:
             return store.query(sql, readonly=True)
 
-        html = await store.run(render_page, query, database=store.database)
+        html = await store.run(render_page, query, database=store.database, dashboards=dashboards)
         return web.html(html)
 
     @app.page("/sql")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
@@ -27,7 +27,7 @@ from typing import Any
 
 from streams.charts import Point, line_chart
 from streams.clickhouse_store import QueryResult
-from streams.report import STYLE, as_utc
+from streams.report import STYLE, as_utc, html_table
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "infra" / "grafana" / "dashboards"
 _TIME_FILTER = re.compile(r"\$__timeFilter\(([^()]+)\)")
@@ -101,23 +101,21 @@ def _series(result: QueryResult) -> dict[str, list[Point]]:
     return out
 
 
-def _table(result: QueryResult) -> str:
-    head = "".join(f"<th>{escape(c)}</th>" for c in result.columns)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in r) + "</tr>"
-        for r in result.rows
-    )
-    return f"<table><tr>{head}</tr>{rows}</table>" if result.rows else "<p>no rows</p>"
-
-
 def render_panel(panel: Panel, result: QueryResult) -> str:
     if panel.kind == "timeseries":
         return line_chart(panel.title, _series(result), y_label=panel.unit or "")
-    return _table(result)
+    return html_table(result)
 
 
-def render_page(query: Query, *, database: str, refresh_s: int = 10) -> str:
-    """Every dashboard, every panel, run now; a failing panel shows its error."""
+def render_page(
+    query: Query,
+    *,
+    database: str,
+    dashboards: Sequence[Dashboard] | None = None,
+    refresh_s: int = 10,
+) -> str:
+    """Every dashboard (read from disk unless given), every panel, run now; a failing panel
+    shows its error."""
     start, end = time_range(query, database=database, span=timedelta(hours=1))
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -126,7 +124,7 @@ def render_page(query: Query, *, database: str, refresh_s: int = 10) -> str:
         f"<p>data from {start:%Y-%m-%d %H:%M:%S} to {end:%H:%M:%S} UTC, "
         f"refreshed every {refresh_s} s; read-only</p>",
     ]
-    for dash in load_dashboards():
+    for dash in load_dashboards() if dashboards is None else dashboards:
         parts.append(f"<h1>{escape(dash.title)}</h1>")
         for panel in dash.panels:
             parts.append(

@@ -164,7 +164,10 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
     return out
 
 
-def _table(result: QueryResult, limit: int = 200) -> str:
+def html_table(result: QueryResult, limit: int = 200) -> str:
+    """``result`` as an HTML table of at most ``limit`` rows ("no rows" when empty)."""
+    if not result.rows:
+        return "<p>no rows</p>"
     head = "".join(f"<th>{escape(str(c))}</th>" for c in result.columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
@@ -190,7 +193,7 @@ def render_html(
             f"<p class='q'>{escape(a.question.question)}</p>"
         )
         if a.result is not None:
-            parts.append(_table(a.result) if a.result.rows else "<p>no rows</p>")
+            parts.append(html_table(a.result))
         else:
             parts.append(f"<p class='err'>{escape(a.error or '')}</p>")
     parts.append("</body></html>")
