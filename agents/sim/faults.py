@@ -36,10 +36,13 @@ class ResolvedFault:
 
     @property
     def target(self) -> str:
-        for part in (self.device_uuid, self.node_id, self.rack_id, self.model, self.region):
+        """The narrowest thing hit: a device, node or rack; else a model (in a region)."""
+        for part in (self.device_uuid, self.node_id, self.rack_id):
             if part:
-                return part if part != self.model or not self.region else f"{part}@{self.region}"
-        return "fleet"
+                return part
+        if self.model:
+            return f"{self.model}@{self.region}" if self.region else self.model
+        return self.region or "fleet"
 
 
 @dataclass(slots=True)
