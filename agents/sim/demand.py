@@ -22,11 +22,13 @@ import csv
 import math
 import random
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,23 @@ class _SeriesDemand:
         return 0.0 if s is None else s.mean() * self.region_shares.get(region, 0.0)
 
 
+def _csv_rows(
+    path: Path, need: set[str], what: str, parse: Callable[[dict[str, str]], T]
+) -> Iterator[T]:
+    """Each row of a CSV with the ``need`` columns, parsed; a value that does not parse is
+    a :class:`DemandFormatError` naming the line."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if not need <= set(reader.fieldnames or ()):
+            raise DemandFormatError(f"{path}: {what} needs columns {sorted(need)}")
+        for n, row in enumerate(reader, start=2):
+            try:
+                parsed = parse(row)
+            except ValueError as exc:
+                raise DemandFormatError(f"{path}:{n}: {exc}") from None
+            yield parsed
+
+
 def _assign(
     trace_models: Sequence[str], ours: Sequence[str], given: Mapping[str, str] | None
 ) -> dict[str, str]:
@@ -145,18 +164,13 @@ class RateCsvDemand(_SeriesDemand):
         model_map: Mapping[str, str] | None = None,
     ) -> None:
         rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            need = {"model", "window_start_s", "total_rate_rps"}
-            if not need <= set(reader.fieldnames or ()):
-                raise DemandFormatError(f"{path}: a rate CSV needs columns {sorted(need)}")
-            for n, row in enumerate(reader, start=2):
-                try:
-                    rows[row["model"]].append(
-                        (float(row["window_start_s"]), float(row["total_rate_rps"]))
-                    )
-                except ValueError as exc:
-                    raise DemandFormatError(f"{path}:{n}: {exc}") from None
+        need = {"model", "window_start_s", "total_rate_rps"}
+
+        def rate(row: dict[str, str]) -> tuple[str, float, float]:
+            return row["model"], float(row["window_start_s"]), float(row["total_rate_rps"])
+
+        for trace_model, start_s, rps_ in _csv_rows(path, need, "a rate CSV", rate):
+            rows[trace_model].append((start_s, rps_))
         mapping = _assign(list(rows), models, model_map)
         series = {}
         for trace_model, ours in mapping.items():
@@ -185,22 +199,18 @@ class AzureTraceDemand(_SeriesDemand):
     ) -> None:
         counts: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         first: datetime | None = None
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-            if not need <= set(reader.fieldnames or ()):
-                raise DemandFormatError(f"{path}: an Azure LLM trace needs columns {sorted(need)}")
-            for n, row in enumerate(reader, start=2):
-                try:
-                    at = datetime.fromisoformat(row["TIMESTAMP"])
-                    prompt, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-                except ValueError as exc:
-                    raise DemandFormatError(f"{path}:{n}: {exc}") from None
-                first = at if first is None else first
-                b = counts[int((at - first).total_seconds() // step_s)]
-                b[0] += 1
-                b[1] += prompt
-                b[2] += generated
+        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+
+        def request(row: dict[str, str]) -> tuple[datetime, int, int]:
+            at = datetime.fromisoformat(row["TIMESTAMP"])
+            return at, int(row["ContextTokens"]), int(row["GeneratedTokens"])
+
+        for at, prompt, generated in _csv_rows(path, need, "an Azure LLM trace", request):
+            first = at if first is None else first
+            b = counts[int((at - first).total_seconds() // step_s)]
+            b[0] += 1
+            b[1] += prompt
+            b[2] += generated
         if not counts:
             raise DemandFormatError(f"{path}: the trace holds no requests")
         length = max(counts) + 1
