@@ -11,9 +11,10 @@ the first that refuses names the reason:
    :meth:`Guardrail.reset` (NVSentinel stops after 50% of nodes in 5 minutes);
    a further step on a device already isolated (drain after de-weight) passes
    from here on, as it adds no blast radius;
-3. blast radius: at most ``max_isolated_ratio`` of any pool and of any rack
-   isolated at once, but always at least ``min_isolated`` device (Envoy ejects
-   at most 10% of hosts by default);
+3. blast radius: at most ``max_isolated_ratio`` of any pool and
+   ``rack_max_isolated_ratio`` of any rack isolated at once, but always at
+   least ``min_isolated`` device (Envoy ejects at most 10% of hosts by default;
+   a rack holds few nodes, so its default is a node's share);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 Giving capacity back (restore) is never refused. Every answer is a
@@ -52,6 +53,7 @@ class GuardReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
     max_isolated_ratio: float = 0.10
+    rack_max_isolated_ratio: float = 0.25
     min_isolated: int = 1
     max_actions: int = 10
     rate_window_s: float = 60.0
@@ -60,7 +62,7 @@ class GuardrailConfig:
     lockout_window_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for name in ("max_isolated_ratio", "lockout_ratio"):
+        for name in ("max_isolated_ratio", "rack_max_isolated_ratio", "lockout_ratio"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 1.0):
                 raise ValueError(f"{name} must be in (0, 1], not {value!r}")
@@ -133,6 +135,14 @@ class Guardrail:
             self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
             self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
 
+    def register(self, device_uuid: str, *, pool: str, rack: str) -> None:
+        """A device the guardrail had not seen (fleets grow; verdicts name their place)."""
+        if device_uuid in self.devices:
+            return
+        self.devices[device_uuid] = (pool, rack)
+        self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
+        self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
+
     def observe(self, at: datetime) -> None:
         """Telemetry observed at ``at`` arrived (keeps the guardrail from failing static)."""
         if self.state.fresh_at is None or at > self.state.fresh_at:
@@ -143,8 +153,9 @@ class Guardrail:
         self.state.locked_out = False
         self.state.actions.clear()
 
-    def cap(self, size: int) -> int:
-        return max(self.config.min_isolated, math.floor(self.config.max_isolated_ratio * size))
+    def cap(self, size: int, ratio: float | None = None) -> int:
+        ratio = self.config.max_isolated_ratio if ratio is None else ratio
+        return max(self.config.min_isolated, math.floor(ratio * size))
 
     def check(self, proposal: Proposal, *, now: datetime) -> GuardDecision:
         """Decide, and when an isolation is allowed, record it."""
@@ -169,12 +180,12 @@ class Guardrail:
         if proposal.device_uuid in s.isolated:  # a further step on the ladder adds no radius
             return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
         pool, rack = where
-        for reason, key, sizes in (
-            (GuardReason.POOL_CAP, pool, self._pool_size),
-            (GuardReason.RACK_CAP, rack, self._rack_size),
+        for reason, key, sizes, ratio in (
+            (GuardReason.POOL_CAP, pool, self._pool_size, c.max_isolated_ratio),
+            (GuardReason.RACK_CAP, rack, self._rack_size, c.rack_max_isolated_ratio),
         ):
             members = sum(1 for d in s.isolated if self._where(d, reason) == key)
-            limit = self.cap(sizes[key])
+            limit = self.cap(sizes[key], ratio)
             if members + 1 > limit:
                 return GuardDecision(
                     False, reason, f"{key}: {members} of {sizes[key]} isolated, cap {limit}"

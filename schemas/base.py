@@ -56,3 +56,8 @@ class AcceleratorType(StrEnum):
     MI300X = "MI300X"
     MTIA = "MTIA"
     CPU = "CPU"
+
+
+def pool_name(region: str, accelerator_type: AcceleratorType) -> str:
+    """A pool is one accelerator type in one region: ``us-east-h100``."""
+    return f"{region}-{accelerator_type.value.lower()}"

@@ -53,3 +53,33 @@ CATALOGUE: tuple[FieldSpec, ...] = (
 )
 
 BY_FIELD = {f.field: f for f in CATALOGUE}
+
+# DCGM clock-event reason bits (DCGM_CLOCKS_EVENT_REASON_*, formerly THROTTLE_REASON_*)
+CLOCKS_SW_POWER_CAP = 0x4
+CLOCKS_HW_SLOWDOWN = 0x8
+CLOCKS_SW_THERMAL = 0x20
+CLOCKS_HW_THERMAL = 0x40
+CLOCKS_HW_POWER_BRAKE = 0x80
+CLOCKS_THERMAL = CLOCKS_HW_SLOWDOWN | CLOCKS_SW_THERMAL | CLOCKS_HW_THERMAL
+"""Reasons that mean the device is too hot (hardware slowdown is mostly thermal)."""
+
+FATAL_XIDS: frozenset[int] = frozenset(
+    {
+        48,  # double-bit ECC error
+        63,  # row remapping failure / page retirement event
+        64,  # row remapping or page retirement failed
+        74,  # NVLink error
+        79,  # fallen off the bus
+        92,  # high single-bit ECC rate
+        94,  # contained ECC error
+        95,  # uncontained ECC error
+        119,  # GSP RPC timeout
+        120,  # GSP error
+        140,  # unrecovered ECC error
+    }
+)
+"""XIDs after which NVIDIA's guidance is to stop work and reset or replace the GPU.
+
+Other XIDs (13 graphics exception, 31 MMU fault, 43 reset channel...) are often
+the application's; they count against a device only when they keep coming.
+"""

@@ -137,6 +137,9 @@ class ServingMetrics(Event):
 
     replica_id: Identifier
     node_id: Identifier
+    device_uuid: Identifier | None = Field(
+        default=None, description="the accelerator it runs on; null when it spans several"
+    )
     model: Identifier
     pool: Identifier
     region: Identifier

@@ -12,6 +12,7 @@ from enum import StrEnum
 from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
+from schemas.verdicts import Decision, Verdict
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -20,6 +21,8 @@ class TopicKind(StrEnum):
     TELEMETRY = "telemetry"
     COMMAND = "command"
     RESULT = "result"
+    VERDICT = "verdict"
+    DECISION = "decision"
     DEAD_LETTER = "dead_letter"
 
 
@@ -134,6 +137,25 @@ COMMAND_RESULTS = TopicSpec(
     table="command_results",
 )
 
+VERDICTS = TopicSpec(
+    "health.verdicts.v1",
+    TopicKind.VERDICT,
+    Verdict,
+    ("device_uuid",),
+    partitions=1,  # one isolation controller sees every verdict: its guardrail is fleet-wide
+    retention_ms=30 * DAY_MS,
+    table="verdicts",
+)
+DECISIONS = TopicSpec(
+    "decisions.v1",
+    TopicKind.DECISION,
+    Decision,
+    ("target",),
+    partitions=4,
+    retention_ms=30 * DAY_MS,
+    table="decisions",
+)
+
 TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND)
 COMMAND_TOPICS: tuple[TopicSpec, ...] = (ROUTE_COMMANDS, THROTTLE_COMMANDS, WARM_COMMANDS)
 
@@ -151,7 +173,15 @@ def dead_letter_topic(source: TopicSpec) -> TopicSpec:
     )
 
 
-INGESTED_TOPICS: tuple[TopicSpec, ...] = (*TELEMETRY_TOPICS, *COMMAND_TOPICS, COMMAND_RESULTS)
+JUDGEMENT_TOPICS: tuple[TopicSpec, ...] = (VERDICTS, DECISIONS)
+"""What the pipeline itself concludes and decides."""
+
+INGESTED_TOPICS: tuple[TopicSpec, ...] = (
+    *TELEMETRY_TOPICS,
+    *COMMAND_TOPICS,
+    COMMAND_RESULTS,
+    *JUDGEMENT_TOPICS,
+)
 """Topics the stream worker writes to ClickHouse; each has a dead letter twin."""
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (

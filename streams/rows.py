@@ -21,7 +21,7 @@ from typing import Any
 
 from schemas.base import Contract
 from schemas.commands import COMMAND_TYPES, Command, CommandResult, DeadLetter
-from schemas.topics import COMMAND_RESULTS, TELEMETRY_TOPICS
+from schemas.topics import COMMAND_RESULTS, JUDGEMENT_TOPICS, TELEMETRY_TOPICS
 
 COORDINATES = ("src_topic", "src_partition", "src_offset")
 JSON_INSERT_SETTINGS = {
@@ -132,7 +132,8 @@ COMMANDS = TableLayout(
 )
 
 LAYOUTS: dict[type[Contract], TableLayout] = {
-    spec.value_type: _event_layout(spec.table, spec.value_type) for spec in TELEMETRY_TOPICS
+    spec.value_type: _event_layout(spec.table, spec.value_type)
+    for spec in (*TELEMETRY_TOPICS, *JUDGEMENT_TOPICS)
 }
 LAYOUTS[DeadLetter] = DEAD_LETTERS
 LAYOUTS[CommandResult] = _event_layout(COMMAND_RESULTS.table, CommandResult)

@@ -35,9 +35,6 @@ from agents.sim.demand import DemandSource
 from agents.sim.faults import ActiveFaults, FaultClock
 from agents.sim.hardware import (
     ACCELERATORS,
-    CLOCKS_HW_SLOWDOWN,
-    CLOCKS_HW_THERMAL,
-    CLOCKS_SW_POWER_CAP,
     MODELS,
     REGIONS,
     SERVED_AT_START,
@@ -53,6 +50,7 @@ from agents.sim.state import (
     RouterTable,
 )
 from schemas.base import AcceleratorType
+from schemas.dcgm import CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_SW_POWER_CAP
 
 NODES_PER_RACK = 4
 RACKS_PER_POD = 2

@@ -212,8 +212,4 @@ def node_type(index: int) -> AcceleratorType:
     return TYPE_MIX[index % len(TYPE_MIX)]
 
 
-# DCGM clock-event reason bits (DCGM_CLOCKS_EVENT_REASON_*)
-CLOCKS_SW_POWER_CAP = 0x4
-CLOCKS_HW_SLOWDOWN = 0x8
-CLOCKS_HW_THERMAL = 0x40
 CLOCK_LOW_FACTOR = 0.7  # clock ratio in low-clock mode

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from agents.collectors.base import NodeIdentity
 from agents.sim.hardware import CLOCK_LOW_FACTOR, AcceleratorSpec
-from schemas.base import AcceleratorType
+from schemas.base import AcceleratorType, pool_name
 from schemas.commands import ClockMode
 
 INLET_CELSIUS = 25.0
@@ -25,11 +25,6 @@ class AdminState(StrEnum):
     NO_NEW_SESSIONS = "no_new_sessions"
     DRAINING = "draining"
     QUARANTINED = "quarantined"
-
-
-def pool_of(region: str, kind: AcceleratorType) -> str:
-    """Accelerator pool name: region and accelerator type, e.g. ``us-east-h100``."""
-    return f"{region}-{kind.value.lower()}"
 
 
 @dataclass(slots=True)
@@ -81,7 +76,7 @@ class Device:
 
     @property
     def pool(self) -> str:
-        return pool_of(self.node.region, self.spec.kind)
+        return pool_name(self.node.region, self.spec.kind)
 
 
 @dataclass(slots=True)

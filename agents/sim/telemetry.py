@@ -158,6 +158,7 @@ class TelemetryBuilder:
             observed_at=at,
             replica_id=f"{dev.uuid}/{dev.model}",
             node_id=dev.node.node_id,
+            device_uuid=dev.uuid,
             model=dev.model,
             pool=dev.pool,
             region=dev.node.region,

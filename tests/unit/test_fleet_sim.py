@@ -11,7 +11,7 @@ import pytest
 from agents.executors.executors import NodeExecutor, RouterExecutor, Warmer
 from agents.executors.gate import PermanentActuatorError
 from agents.sim.control import SimControl
-from agents.sim.hardware import CLOCKS_HW_SLOWDOWN, CLOCKS_SW_POWER_CAP, MODELS
+from agents.sim.hardware import MODELS
 from agents.sim.scenario import DemandSpec, FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
 from agents.sim.simulation import Simulation
 from agents.sim.state import Device
@@ -28,6 +28,7 @@ from schemas.commands import (
     WarmAction,
     WarmCommand,
 )
+from schemas.dcgm import CLOCKS_HW_SLOWDOWN, CLOCKS_SW_POWER_CAP
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, ServingMetrics
 from tests.factories import START
 

@@ -22,6 +22,8 @@ DEVICES = {
 
 
 def _guard(**config: float) -> Guardrail:
+    # these tables use one ratio for pools and racks unless they say otherwise
+    config.setdefault("rack_max_isolated_ratio", config.get("max_isolated_ratio", 0.1))
     g = Guardrail(GuardrailConfig(**config), devices=DEVICES)  # type: ignore[arg-type]
     g.observe(START)
     return g
@@ -115,7 +117,17 @@ def test_state_round_trips_and_the_guardrail_resumes_from_it() -> None:
     g = _guard()
     _isolate(g, "p1-d00")
     restored = Guardrail(
-        GuardrailConfig(), devices=DEVICES, state=GuardrailState.from_json(g.state.to_json())
+        g.config, devices=DEVICES, state=GuardrailState.from_json(g.state.to_json())
     )
     assert restored.state == g.state
     assert _isolate(restored, "p1-d01") is GuardReason.RACK_CAP  # it remembers p1-d00
+
+
+def test_racks_have_their_own_ratio_and_devices_can_join_later() -> None:
+    g = _guard(max_isolated_ratio=0.5, rack_max_isolated_ratio=0.2, max_actions=100)
+    assert _isolate(g, "p1-d00") is GuardReason.ALLOWED
+    assert _isolate(g, "p1-d01") is GuardReason.ALLOWED  # rack cap: 20% of 10 = 2
+    assert _isolate(g, "p1-d02") is GuardReason.RACK_CAP
+    assert _isolate(g, "new-d0") is GuardReason.UNKNOWN_DEVICE
+    g.register("new-d0", pool="p3", rack="p3-rack0")
+    assert _isolate(g, "new-d0") is GuardReason.ALLOWED

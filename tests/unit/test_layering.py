@@ -28,8 +28,9 @@ FRAMEWORKS = {
     "chdb",
 }
 RULES = {
-    "schemas": FRAMEWORKS | {"controllers", "agents", "streams", "fleetloop"},
-    "controllers": FRAMEWORKS | {"agents", "streams", "fleetloop"},
+    "schemas": FRAMEWORKS | {"controllers", "models", "agents", "streams", "fleetloop"},
+    "controllers": FRAMEWORKS | {"models", "agents", "streams", "fleetloop"},
+    "models": (FRAMEWORKS - {"river"}) | {"agents", "streams", "fleetloop"},
     "agents": {"streams", "fleetloop"},
     "streams": {"agents", "fleetloop"},
 }

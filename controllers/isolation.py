@@ -1,0 +1,197 @@
+"""The isolation ladder: how far to take a device out of service, one rung at a time.
+
+Rungs, mildest first: de-weight (``deweight_ratio`` of its traffic), stop new
+sessions, drain, quarantine. What a verdict asks for:
+
+- ``failed`` (a hard fault) -> quarantine at once: there is nothing to wait for;
+- ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
+  evidence must hold while the device is already lightened);
+- ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
+  ``probation_s`` without a relapse, restore.
+
+Every step up is a proposal to the shared :class:`~controllers.guardrail.Guardrail`
+(blast radius, rate, lockout, fail-static); a refusal is a decision too,
+retried no sooner than ``retry_s``. Restores are never refused.
+
+Pure and synchronous: verdicts and ``now`` in, :class:`LadderDecision` out.
+The caller turns decisions into signed commands and records them.
+
+Example::
+
+    ladder = IsolationLadder(LadderConfig(), Guardrail(GuardrailConfig(), devices={}))
+    for decision in ladder.verdict(v, now=now):   # and ladder.tick(now) every second
+        ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum, StrEnum
+
+from controllers.guardrail import Guardrail, GuardReason, Proposal
+from schemas.commands import RouteAction
+from schemas.verdicts import HealthStatus, Verdict
+
+
+class Rung(IntEnum):
+    ACTIVE = 0
+    DEWEIGHTED = 1
+    NO_NEW_SESSIONS = 2
+    DRAINED = 3
+    QUARANTINED = 4
+
+
+ACTION: dict[Rung, RouteAction] = {
+    Rung.ACTIVE: RouteAction.RESTORE,
+    Rung.DEWEIGHTED: RouteAction.DEWEIGHT,
+    Rung.NO_NEW_SESSIONS: RouteAction.STOP_NEW_SESSIONS,
+    Rung.DRAINED: RouteAction.DRAIN,
+    Rung.QUARANTINED: RouteAction.QUARANTINE,
+}
+TARGET: dict[HealthStatus, Rung] = {
+    HealthStatus.FAILED: Rung.QUARANTINED,
+    HealthStatus.DYING: Rung.DRAINED,
+}
+
+
+class LadderReason(StrEnum):
+    HARD_FAULT = "hard_fault"
+    DEGRADING = "degrading"
+    RECOVERED = "recovered"
+
+
+@dataclass(frozen=True, slots=True)
+class LadderConfig:
+    deweight_ratio: float = 0.5
+    step_dwell_s: float = 10.0
+    probation_s: float = 120.0
+    retry_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.deweight_ratio) and 0.0 <= self.deweight_ratio < 1.0):
+            raise ValueError(f"deweight_ratio must be in [0, 1), not {self.deweight_ratio!r}")
+        for name in ("step_dwell_s", "probation_s", "retry_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a non-negative number of seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class LadderDecision:
+    """One proposed step for one device, and whether the guardrail let it through."""
+
+    device_uuid: str
+    action: RouteAction
+    rung: Rung
+    allowed: bool
+    reason: str  # a LadderReason when allowed, the GuardReason when refused
+    message: str
+    verdict: Verdict
+    weight_ratio: float | None = None
+
+
+@dataclass(slots=True)
+class _Device:
+    verdict: Verdict
+    rung: Rung = Rung.ACTIVE
+    rung_at: datetime | None = None
+    healthy_since: datetime | None = None
+    refused_at: datetime | None = None
+    refused_for: str = ""
+
+
+class IsolationLadder:
+    """See the module docstring."""
+
+    def __init__(self, config: LadderConfig, guard: Guardrail) -> None:
+        self.config = config
+        self.guard = guard
+        self.devices: dict[str, _Device] = {}
+
+    def rung(self, device_uuid: str) -> Rung:
+        d = self.devices.get(device_uuid)
+        return Rung.ACTIVE if d is None else d.rung
+
+    def verdict(self, v: Verdict, *, now: datetime) -> list[LadderDecision]:
+        """A new verdict arrived; returns the steps it causes (maybe none)."""
+        self.guard.register(v.device_uuid, pool=v.pool, rack=v.rack_id)
+        self.guard.observe(v.observed_at)
+        d = self.devices.get(v.device_uuid)
+        if d is None:
+            d = self.devices[v.device_uuid] = _Device(v)
+        worse = v.status is not HealthStatus.HEALTHY
+        if worse:
+            d.healthy_since = None
+        elif d.healthy_since is None or d.verdict.status is not HealthStatus.HEALTHY:
+            d.healthy_since = v.observed_at
+        if v.status is not d.verdict.status or d.refused_for == GuardReason.STALE_TELEMETRY:
+            d.refused_at = None  # new or fresh evidence: a refused step may be asked again
+        d.verdict = v
+        return self._step(v.device_uuid, d, now)
+
+    def tick(self, now: datetime) -> list[LadderDecision]:
+        """Time passed: dwell times and probations may have run out."""
+        out: list[LadderDecision] = []
+        for device_uuid, d in self.devices.items():
+            out.extend(self._step(device_uuid, d, now))
+        return out
+
+    def _step(self, device_uuid: str, d: _Device, now: datetime) -> list[LadderDecision]:
+        c, v = self.config, d.verdict
+        status = v.status
+        if status is HealthStatus.HEALTHY:
+            if d.rung is Rung.ACTIVE or d.healthy_since is None:
+                return []
+            if (now - d.healthy_since).total_seconds() < c.probation_s:
+                return []
+            guard = self.guard.check(Proposal(device_uuid, isolate=False), now=now)
+            d.rung, d.rung_at = Rung.ACTIVE, now
+            return [
+                LadderDecision(
+                    device_uuid,
+                    RouteAction.RESTORE,
+                    Rung.ACTIVE,
+                    True,
+                    LadderReason.RECOVERED.value,
+                    f"healthy for {c.probation_s:g}s: restore ({guard.message})",
+                    v,
+                )
+            ]
+        target = TARGET.get(status)
+        if target is None or d.rung >= target:
+            return []  # suspect: hold; or already far enough up the ladder
+        hard = status is HealthStatus.FAILED
+        dwelling = d.rung_at is not None and (now - d.rung_at).total_seconds() < c.step_dwell_s
+        if not hard and d.rung is not Rung.ACTIVE and dwelling:
+            return []
+        if d.refused_at is not None and (now - d.refused_at).total_seconds() < c.retry_s:
+            return []
+        rung = target if hard else Rung(d.rung + 1)
+        guard = self.guard.check(Proposal(device_uuid, isolate=True), now=now)
+        if not guard.allowed:
+            d.refused_at, d.refused_for = now, guard.reason.value
+            return [
+                LadderDecision(
+                    device_uuid, ACTION[rung], rung, False, guard.reason.value, guard.message, v
+                )
+            ]
+        d.rung, d.rung_at, d.refused_at = rung, now, None
+        reason = LadderReason.HARD_FAULT if hard else LadderReason.DEGRADING
+        return [
+            LadderDecision(
+                device_uuid,
+                ACTION[rung],
+                rung,
+                True,
+                reason.value,
+                f"{status.value}: {v.evidence}"[:1024],
+                v,
+                weight_ratio=c.deweight_ratio if rung is Rung.DEWEIGHTED else None,
+            )
+        ]
+
+
+REASONS: tuple[str, ...] = (*(r.value for r in LadderReason), *(r.value for r in GuardReason))
+"""Every reason a ladder decision can carry (a closed set, for metric labels)."""

@@ -1,0 +1,474 @@
+"""Online health detection: hard faults at once, soft signals through online models.
+
+:class:`HealthDetector` takes the telemetry of the devices of the nodes it
+owns (a partition's worth), one event at a time, and returns the
+:class:`~schemas.verdicts.Verdict` of a device whenever its status changes
+(and at least every ``verdict_interval_s`` while it reports). Time is the
+events' own (``observed_at``); nothing reads a clock.
+
+Hard faults make a device ``failed`` within the event that shows them:
+
+- a fatal XID (:data:`schemas.dcgm.FATAL_XIDS`) or a double-bit ECC error;
+- a failed probe, a device that stops reporting while its node heartbeats;
+- a node whose heartbeats stop for ``heartbeat_timeout_s`` (all its devices),
+  unless more than ``blind_ratio`` of the known nodes went silent together:
+  that is the pipeline going blind, not the fleet dying, and it stays static.
+
+Soft signals are scored before they are learned, and a device that is over a
+threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
+
+- ``ecc_sbe_rise``: correctable ECC counts per ``ecc_window_s`` window against
+  the device's own baseline rate. A window is "risen" when its count is at
+  least ``ecc_rise_ratio`` (1.05: 5% more) times the baseline's expectation and
+  Poisson-significant (z >= ``ecc_z``); ``ecc_sustain_windows`` risen windows
+  in a row is a sustained rise. A rate over ``ecc_dying_per_s`` is over anyway.
+- ``thermal``: temperature against power, through a per-accelerator-type
+  online regression ``T ~ a + b * P`` (inlet and cooling show up as the
+  residual), the residual smoothed per device and compared with the cohort's
+  residual spread; thermal clock-event reasons count as over.
+- ``tpot_vs_peers``: log TPOT (p50, scaled by the device's clock ratio) against
+  its cohort, model x accelerator type x load band (requests per second in
+  bands of 25%), smoothed per device and net of the device's own long-run
+  offset from its peers (its history), so a chip that always ran 3% slow is
+  not news and one that became 15% slow is.
+- ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
+  accelerator type's probes, two slow probes in a row.
+- ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``.
+
+Per-device state is a slotted record of a few dozen numbers (well under
+2 KiB pickled; a test measures it); the river models live per cohort.
+
+Example::
+
+    detector = HealthDetector(HealthConfig())
+    for verdict in detector.accelerator(sample):
+        publish(verdict)
+    detector.tick(newest_event_time)   # heartbeat timeouts
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from uuid import UUID
+
+from models.cohort import Cohorts
+from schemas.base import AcceleratorType, pool_name
+from schemas.dcgm import CLOCKS_THERMAL, FATAL_XIDS
+from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind, ServingMetrics
+from schemas.verdicts import HealthStatus, Signal, Verdict
+
+LOAD_BAND_BASE = math.log(1.25)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    heartbeat_timeout_s: float = 5.0
+    blind_ratio: float = 0.3
+    verdict_interval_s: float = 30.0
+    sustain_s: float = 10.0
+    ecc_window_s: float = 30.0
+    ecc_rise_ratio: float = 1.05
+    ecc_z: float = 3.0
+    ecc_min_count: int = 5
+    ecc_sustain_windows: int = 3
+    ecc_dying_per_s: float = 1.0
+    thermal_margin_celsius: float = 8.0
+    thermal_tau_s: float = 45.0  # temperature follows power with about this time constant
+    tpot_margin_ratio: float = 0.10
+    tpot_stale_s: float = 30.0
+    probe_margin_ratio: float = 0.10
+    peer_z: float = 4.0
+    fast_alpha: float = 0.3
+    history_alpha: float = 0.002
+    history_max_ratio: float = 0.05  # a device may run this much slower than peers by nature
+    warmup_samples: int = 30
+    xid_flap_count: int = 3
+    xid_flap_window_s: float = 300.0
+    fatal_latch_s: float = 600.0
+
+
+@dataclass(slots=True)
+class DeviceState:
+    """What the detector remembers of one device: numbers only (see the size test)."""
+
+    node_id: str
+    region: str
+    rack_id: str
+    kind: AcceleratorType
+    seen_s: float = 0.0
+    clock_max_mhz: float = 0.0
+    clock_ratio: float = 1.0
+    status: HealthStatus = HealthStatus.HEALTHY
+    emitted_s: float = -math.inf
+    dbe: int = 0
+    fatal_xid: int = 0
+    fatal_at_s: float = -math.inf
+    xid_times: list[float] = field(default_factory=list)
+    probe_failed: bool = False
+    probe_slow: int = 0
+    probe_gap: float = 0.0
+    sbe_last: int = -1
+    ecc_start_s: float = math.nan
+    ecc_count: int = 0
+    ecc_base_per_s: float = math.nan
+    ecc_streak: int = 0
+    ecc_rate_per_s: float = 0.0
+    power_smooth: float = math.nan
+    temp_resid: float = 0.0
+    thermal_sigma: float = 0.0
+    thermal_hot: bool = False
+    rps: float = 0.0
+    tpot_fast: float = 0.0
+    tpot_history: float = 0.0
+    tpot_n: int = 0
+    tpot_seen_s: float = -math.inf
+    tpot_sigma: float = 0.0
+    since: dict[str, float] = field(default_factory=dict)  # soft signal -> over since
+
+
+@dataclass(slots=True)
+class _Regression:
+    """Exponentially weighted simple regression ``y ~ a + b * x`` (per cohort)."""
+
+    alpha: float = 0.01
+    n: int = 0
+    mx: float = 0.0
+    my: float = 0.0
+    vxx: float = 0.0
+    cxy: float = 0.0
+
+    def residual(self, x: float, y: float) -> float | None:
+        if self.n < 30 or self.vxx <= 1e-9:
+            return None
+        slope = self.cxy / self.vxx
+        return y - (self.my + slope * (x - self.mx))
+
+    def learn(self, x: float, y: float) -> None:
+        a = max(self.alpha, 1.0 / (self.n + 1))
+        dx, dy = x - self.mx, y - self.my
+        self.mx += a * dx
+        self.my += a * dy
+        self.vxx = (1 - a) * (self.vxx + a * dx * dx)
+        self.cxy = (1 - a) * (self.cxy + a * dx * dy)
+        self.n += 1
+
+
+class HealthDetector:
+    """See the module docstring. ``new_id`` makes verdict ids (seeded in tests)."""
+
+    def __init__(
+        self, config: HealthConfig | None = None, *, new_id: Callable[[], UUID] = uuid.uuid4
+    ) -> None:
+        self.config = config or HealthConfig()
+        self.new_id = new_id
+        self.devices: dict[str, DeviceState] = {}
+        self.nodes: dict[str, float] = {}  # node -> newest heartbeat (epoch s)
+        self.lost_nodes: set[str] = set()
+        self.now_s = -math.inf
+        self.tpot_peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
+        self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
+        self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
+        self.thermal_fit: dict[AcceleratorType, _Regression] = {}
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def accelerator(
+        self, s: AcceleratorTelemetry, *, appended_at: datetime | None = None
+    ) -> list[Verdict]:
+        c, t = self.config, s.observed_at.timestamp()
+        self.now_s = max(self.now_s, t)
+        d = self.devices.get(s.device_uuid)
+        if d is None:
+            d = self.devices[s.device_uuid] = DeviceState(
+                s.node_id, s.region, s.rack_id, s.accelerator_type
+            )
+        dt, d.seen_s = t - d.seen_s, t
+        if s.sm_clock_mhz is not None and s.sm_clock_mhz > 0:
+            d.clock_max_mhz = max(d.clock_max_mhz, s.sm_clock_mhz)
+            d.clock_ratio = s.sm_clock_mhz / d.clock_max_mhz
+        d.dbe = s.ecc_dbe_volatile_total or 0
+        if s.xid_last:
+            if s.xid_last in FATAL_XIDS:
+                d.fatal_xid, d.fatal_at_s = s.xid_last, t
+            else:
+                d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s][-7:]
+                d.xid_times.append(t)
+        if s.ecc_sbe_volatile_total is not None:
+            self._ecc(d, s.ecc_sbe_volatile_total, t)
+        self._thermal(d, s, dt)
+        return self._judge(s.device_uuid, d, t, s.event_id, appended_at)
+
+    def serving(self, m: ServingMetrics, *, appended_at: datetime | None = None) -> list[Verdict]:
+        device = m.device_uuid or ""
+        d = self.devices.get(device)
+        if d is None or m.tpot_p50_s is None or m.tpot_p50_s <= 0 or m.requests == 0:
+            return []
+        c, t = self.config, m.observed_at.timestamp()
+        self.now_s = max(self.now_s, t)
+        rps = m.requests / m.interval_s
+        d.rps = rps if d.tpot_n == 0 else d.rps + c.fast_alpha * (rps - d.rps)
+        band = round(math.log(max(d.rps, 1e-3)) / LOAD_BAND_BASE)
+        key = (m.model, d.kind, band)
+        x = math.log(m.tpot_p50_s * d.clock_ratio)
+        peer = self.tpot_peers.score(key, x, device)  # score first, then learn
+        over = False
+        if peer is not None:
+            dev = peer.deviation
+            d.tpot_fast = dev if d.tpot_n == 0 else d.tpot_fast + c.fast_alpha * (dev - d.tpot_fast)
+            d.tpot_n += 1
+            d.tpot_sigma = peer.sigma
+            d.tpot_seen_s = t
+            warm = d.tpot_n > c.warmup_samples
+            over = warm and self._tpot_excess(d) > self._tpot_threshold(d)
+            if not over:  # the device's own history learns only what looks normal
+                a = max(c.history_alpha, 1.0 / d.tpot_n)
+                limit = math.log1p(c.history_max_ratio)
+                d.tpot_history += a * (d.tpot_fast - d.tpot_history)
+                d.tpot_history = min(max(d.tpot_history, -limit), limit)
+        if not over:
+            self.tpot_peers.learn(key, x, device)
+        return self._judge(device, d, t, m.event_id, appended_at)
+
+    def heartbeat(self, h: NodeHealth, *, appended_at: datetime | None = None) -> list[Verdict]:
+        t = h.observed_at.timestamp()
+        self.now_s = max(self.now_s, t)
+        self.nodes[h.node_id] = t
+        out: list[Verdict] = []
+        if h.node_id in self.lost_nodes:
+            self.lost_nodes.discard(h.node_id)
+        touched: set[str] = set()
+        for p in h.probes:
+            d = self.devices.get(p.device_uuid or "")
+            if d is None or p.probe is not ProbeKind.GEMM:
+                continue
+            touched.add(p.device_uuid or "")
+            d.probe_failed = not p.passed
+            if p.expected_ratio is None or not p.passed:
+                continue
+            x = p.expected_ratio / max(d.clock_ratio, 0.05)
+            peer = self.probe_peers.score(d.kind, x, p.device_uuid)
+            slow = False
+            if peer is not None:
+                d.probe_gap = -peer.deviation
+                slow = d.probe_gap > max(
+                    self.config.probe_margin_ratio, self.config.peer_z * peer.sigma
+                )
+            d.probe_slow = d.probe_slow + 1 if slow else 0
+            if not slow:
+                self.probe_peers.learn(d.kind, x, p.device_uuid)
+        for device_uuid, d in self.devices.items():
+            if d.node_id == h.node_id:
+                out.extend(self._judge(device_uuid, d, t, h.event_id, appended_at))
+        return out
+
+    def tick(self, now: datetime) -> list[Verdict]:
+        """Time passed (event time): heartbeat losses and stale signals."""
+        t = now.timestamp()
+        self.now_s = max(self.now_s, t)
+        c = self.config
+        silent = {n for n, seen in self.nodes.items() if t - seen > c.heartbeat_timeout_s}
+        if self.nodes and len(silent) > c.blind_ratio * len(self.nodes):
+            return []  # the pipeline is blind, not the fleet dead: stay static
+        newly = silent - self.lost_nodes
+        self.lost_nodes = silent
+        out: list[Verdict] = []
+        for device_uuid, d in self.devices.items():
+            if d.node_id in newly:
+                out.extend(self._judge(device_uuid, d, t, None, None))
+        return out
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _ecc(self, d: DeviceState, total: int, t: float) -> None:
+        c = self.config
+        if d.sbe_last < 0 or total < d.sbe_last:  # first sample, or counters were reset
+            d.sbe_last, d.ecc_start_s, d.ecc_count = total, t, 0
+            return
+        d.ecc_count += total - d.sbe_last
+        d.sbe_last = total
+        span = t - d.ecc_start_s
+        if span < c.ecc_window_s:
+            return
+        rate = d.ecc_count / span
+        d.ecc_rate_per_s = rate
+        if math.isnan(d.ecc_base_per_s):
+            d.ecc_base_per_s = rate
+        else:
+            expected = max(d.ecc_base_per_s * span, 0.5)
+            z = (d.ecc_count - expected) / math.sqrt(expected)
+            risen = (
+                d.ecc_count >= c.ecc_min_count
+                and d.ecc_count >= c.ecc_rise_ratio * expected
+                and z >= c.ecc_z
+            )
+            d.ecc_streak = d.ecc_streak + 1 if risen else 0
+            if d.ecc_streak == 0:  # the baseline learns only quiet windows
+                d.ecc_base_per_s += 0.1 * (rate - d.ecc_base_per_s)
+        d.ecc_start_s, d.ecc_count = t, 0
+
+    def _thermal(self, d: DeviceState, s: AcceleratorTelemetry, dt: float) -> None:
+        c = self.config
+        d.thermal_hot = bool((s.clock_throttle_reasons or 0) & CLOCKS_THERMAL)
+        if s.gpu_temp_celsius is None or s.power_usage_watts is None:
+            return
+        # the die lags the power it draws: compare temperature with power smoothed the same way
+        if math.isnan(d.power_smooth) or not 0 < dt < 10 * c.thermal_tau_s:
+            d.power_smooth = s.power_usage_watts
+        else:
+            d.power_smooth += (1 - math.exp(-dt / c.thermal_tau_s)) * (
+                s.power_usage_watts - d.power_smooth
+            )
+        power = d.power_smooth
+        fit = self.thermal_fit.setdefault(d.kind, _Regression())
+        r = fit.residual(power, s.gpu_temp_celsius)
+        hot = d.thermal_hot
+        peer = None if r is None else self.thermal_peers.score(d.kind, r, s.device_uuid)
+        if peer is not None:
+            d.temp_resid += c.fast_alpha * (peer.deviation - d.temp_resid)
+            d.thermal_sigma = peer.sigma
+            hot = hot or d.temp_resid > self._thermal_threshold(d)
+        if hot:
+            return  # neither the fit nor the cohort learns from a hot device
+        if r is not None:
+            self.thermal_peers.learn(d.kind, r, s.device_uuid)
+        fit.learn(power, s.gpu_temp_celsius)
+
+    def _tpot_excess(self, d: DeviceState) -> float:
+        return d.tpot_fast - d.tpot_history
+
+    def _tpot_threshold(self, d: DeviceState) -> float:
+        c = self.config
+        return max(math.log1p(c.tpot_margin_ratio), c.peer_z * d.tpot_sigma)
+
+    def _thermal_threshold(self, d: DeviceState) -> float:
+        c = self.config
+        return max(c.thermal_margin_celsius, c.peer_z * d.thermal_sigma)
+
+    # -- judgement ------------------------------------------------------------------------
+
+    def signals(self, d: DeviceState, t: float) -> tuple[list[Signal], list[Signal]]:
+        """(hard signals firing, soft signals evaluated), each as value against threshold."""
+        c = self.config
+        hard: list[Signal] = []
+        if d.dbe > 0:
+            hard.append(Signal(name="ecc_dbe", value=d.dbe, threshold=1))
+        if d.fatal_xid and t - d.fatal_at_s <= c.fatal_latch_s:
+            hard.append(Signal(name=f"xid_{d.fatal_xid}", value=d.fatal_xid, threshold=0))
+        if d.probe_failed:
+            hard.append(Signal(name="probe_failed", value=1, threshold=1))
+        if d.node_id in self.lost_nodes:
+            age = t - self.nodes.get(d.node_id, t)
+            hard.append(Signal(name="heartbeat_lost_s", value=age, threshold=c.heartbeat_timeout_s))
+        elif d.node_id in self.nodes and self.nodes[d.node_id] - d.seen_s > c.heartbeat_timeout_s:
+            hard.append(
+                Signal(
+                    name="device_silent_s",
+                    value=self.nodes[d.node_id] - d.seen_s,
+                    threshold=c.heartbeat_timeout_s,
+                )
+            )
+        soft: list[Signal] = []
+        ecc_value = float(d.ecc_streak)
+        if d.ecc_rate_per_s >= c.ecc_dying_per_s:
+            ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
+        soft.append(Signal(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
+        thermal = d.temp_resid
+        threshold = self._thermal_threshold(d)
+        if d.thermal_hot:
+            thermal = max(thermal, threshold)
+        soft.append(Signal(name="thermal_resid_celsius", value=thermal, threshold=threshold))
+        if t - d.tpot_seen_s <= c.tpot_stale_s and d.tpot_n > c.warmup_samples:
+            soft.append(
+                Signal(
+                    name="tpot_vs_peers_log",
+                    value=self._tpot_excess(d),
+                    threshold=self._tpot_threshold(d),
+                )
+            )
+        soft.append(Signal(name="probe_slow", value=d.probe_slow, threshold=2))
+        soft.append(Signal(name="xid_flaps", value=len(d.xid_times), threshold=c.xid_flap_count))
+        return hard, soft
+
+    def _judge(
+        self,
+        device_uuid: str,
+        d: DeviceState,
+        t: float,
+        cause: UUID | None,
+        appended_at: datetime | None,
+    ) -> list[Verdict]:
+        c = self.config
+        d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s]
+        hard, soft = self.signals(d, t)
+        over = [s for s in soft if _over(s)]
+        for s in soft:
+            if s in over:
+                d.since.setdefault(s.name, t)
+            else:
+                d.since.pop(s.name, None)
+        sustained = [
+            s
+            for s in over
+            if (s.value >= s.threshold if _counted(s.name) else t - d.since[s.name] >= c.sustain_s)
+        ]
+        if hard:
+            status, score = HealthStatus.FAILED, 1.0
+        elif sustained:
+            status, score = HealthStatus.DYING, 0.75
+        elif over:
+            status, score = HealthStatus.SUSPECT, 0.5
+        else:
+            status = HealthStatus.HEALTHY
+            score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
+        score = min(max(score, 0.0), 1.0)
+        if status is d.status and t - d.emitted_s < c.verdict_interval_s:
+            return []
+        previous, d.status, d.emitted_s = d.status, status, t
+        shown = (hard + over) or soft
+        evidence = "; ".join(_describe(s, t - d.since.get(s.name, t)) for s in shown)
+        return [
+            Verdict(
+                verdict_id=self.new_id(),
+                observed_at=datetime.fromtimestamp(t, UTC),
+                device_uuid=device_uuid,
+                node_id=d.node_id,
+                region=d.region,
+                rack_id=d.rack_id,
+                pool=pool_name(d.region, d.kind),
+                accelerator_type=d.kind,
+                status=status,
+                previous_status=previous,
+                score=round(score, 4),
+                evidence=evidence[:1024],
+                signals=tuple(_finite(s) for s in (hard + soft)[:12]),
+                cause_event_id=cause,
+                cause_appended_at=appended_at,
+            )
+        ]
+
+
+def _counted(name: str) -> bool:
+    """Soft signals that count occurrences (windows or probes in a row, XIDs in a window):
+    one is suspect, ``threshold`` of them is sustained by construction."""
+    return name in ("ecc_sbe_rise", "probe_slow", "xid_flaps")
+
+
+def _over(s: Signal) -> bool:
+    if _counted(s.name):
+        return s.value >= 1
+    return s.threshold > 0 and s.value >= s.threshold
+
+
+def _finite(s: Signal) -> Signal:
+    if math.isfinite(s.value) and math.isfinite(s.threshold):
+        return Signal(name=s.name, value=round(s.value, 4), threshold=round(s.threshold, 4))
+    return Signal(name=s.name, value=0.0, threshold=0.0)
+
+
+def _describe(s: Signal, for_s: float) -> str:
+    held = f" for {for_s:.0f}s" if for_s >= 1 else ""
+    return f"{s.name} {s.value:.3g} (threshold {s.threshold:.3g}){held}"

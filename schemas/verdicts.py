@@ -1,0 +1,91 @@
+"""What the health processor concludes, and what the controllers decide.
+
+A :class:`Verdict` is a health judgement about one device, with the signals
+behind it. A :class:`Decision` is what a controller wanted and what survived
+its stages (ladder hysteresis, the shared guardrail), with a closed reason;
+refusals are decisions too, so an SRE can ask why nothing happened.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+from uuid import UUID
+
+from pydantic import Field
+
+from schemas.base import AcceleratorType, Contract, Identifier, Ratio, UtcDatetime
+
+
+class HealthStatus(StrEnum):
+    """Ordered from best to worst; see :data:`SEVERITY`."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"  # a soft signal over its threshold, not yet sustained
+    DYING = "dying"  # a soft signal sustained: the device is degrading
+    FAILED = "failed"  # a hard fault: fatal XID, double-bit ECC, lost heartbeat, failed probe
+
+
+SEVERITY: dict[HealthStatus, int] = {s: i for i, s in enumerate(HealthStatus)}
+
+
+class Signal(Contract):
+    """One piece of evidence: what was measured, against what threshold."""
+
+    name: Identifier
+    value: float
+    threshold: float
+
+
+class Verdict(Contract):
+    """The health of one device as of ``observed_at`` (event time of its newest evidence)."""
+
+    verdict_id: UUID
+    observed_at: UtcDatetime
+    device_uuid: Identifier
+    node_id: Identifier
+    region: Identifier
+    rack_id: Identifier
+    pool: Identifier
+    accelerator_type: AcceleratorType
+    status: HealthStatus
+    previous_status: HealthStatus
+    score: Ratio = Field(description="0 healthy .. 1 certainly faulty")
+    evidence: Annotated[str, Field(max_length=1024)] = ""
+    signals: tuple[Signal, ...] = ()
+    cause_event_id: UUID | None = Field(default=None, description="the event that settled it")
+    cause_appended_at: UtcDatetime | None = Field(
+        default=None, description="when that event reached the broker (its log timestamp)"
+    )
+
+
+class DecisionOutcome(StrEnum):
+    ISSUED = "issued"  # a command was sent
+    REFUSED = "refused"  # a stage (guardrail, hysteresis) said no
+    ADVISORY = "advisory"  # no signing key: what would have been sent
+
+
+class Decision(Contract):
+    """What a controller wanted for one target, and what came of it."""
+
+    decision_id: UUID
+    decided_at: UtcDatetime
+    controller: Identifier
+    target: Identifier
+    pool: Identifier | None = None
+    rack_id: Identifier | None = None
+    action: Identifier
+    outcome: DecisionOutcome
+    reason: Identifier = Field(description="closed per controller: a metric label and a filter")
+    message: Annotated[str, Field(max_length=1024)] = ""
+    verdict_id: UUID | None = None
+    verdict_status: HealthStatus | None = None
+    command_id: UUID | None = None
+    cause_event_id: UUID | None = None
+    cause_observed_at: UtcDatetime | None = None
+    cause_appended_at: UtcDatetime | None = None
+    p_term: float | None = None
+    i_term: float | None = None
+    d_term: float | None = None
+    desired: float | None = None
+    applied: float | None = None

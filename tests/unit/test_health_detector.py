@@ -1,0 +1,133 @@
+"""The online health detector: hard faults within one event, soft signals sustained,
+peers and history for grey failures, small per-device state."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+
+from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
+from agents.sim.simulation import Simulation
+from models.health import HealthConfig, HealthDetector
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
+from schemas.verdicts import HealthStatus, Verdict
+from tests.factories import START
+
+
+def _feed(det: HealthDetector, sim: Simulation, ticks: int) -> list[Verdict]:
+    out: list[Verdict] = []
+    for n in range(ticks):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry):
+                out += det.accelerator(ev)
+            elif isinstance(ev, ServingMetrics):
+                out += det.serving(ev)
+            elif isinstance(ev, NodeHealth):
+                out += det.heartbeat(ev)
+        out += det.tick(sim.now)
+    return out
+
+
+def _sim(*faults: FaultSpec, nodes: int = 10) -> Simulation:
+    scenario = Scenario(name="t", duration_s=600, fleet=FleetSpec(nodes=nodes), faults=faults)
+    return Simulation(scenario, start=START)
+
+
+def _flagged(verdicts: list[Verdict]) -> dict[str, Verdict]:
+    first: dict[str, Verdict] = {}
+    for v in verdicts:
+        if v.status in (HealthStatus.DYING, HealthStatus.FAILED):
+            first.setdefault(v.device_uuid, v)
+    return first
+
+
+def test_grey_slowdown_of_15_percent_is_found_within_30s_and_nothing_else_is() -> None:
+    fault = FaultSpec(
+        kind=FaultKind.GREY_SLOWDOWN,
+        target=TargetSpec(node=2, device=3),
+        start_s=150,
+        duration_s=300,
+        params={"slowdown_ratio": 0.15},
+    )
+    sim = _sim(fault)
+    flagged = _flagged(_feed(HealthDetector(), sim, 190))
+    assert set(flagged) == {"node-00002-gpu3"}
+    v = flagged["node-00002-gpu3"]
+    assert v.status is HealthStatus.DYING
+    assert (v.observed_at - START).total_seconds() - 150 <= 30
+    assert any(s.name == "tpot_vs_peers_log" and s.value > s.threshold for s in v.signals)
+
+
+def test_hard_faults_fail_within_the_event_that_shows_them() -> None:
+    sim = _sim()
+    det = HealthDetector()
+    _feed(det, sim, 5)
+    sample = sim.telemetry.device_sample(sim.fleet.nodes[1].devices[2])
+    dbe = sample.model_copy(update={"ecc_dbe_volatile_total": 1})
+    [v] = det.accelerator(dbe)
+    assert (v.status, v.cause_event_id) == (HealthStatus.FAILED, dbe.event_id)
+    assert v.signals[0].name == "ecc_dbe"
+    lost = sim.telemetry.device_sample(sim.fleet.nodes[1].devices[3]).model_copy(
+        update={"xid_last": 79}
+    )
+    [v] = det.accelerator(lost)
+    assert v.status is HealthStatus.FAILED and "xid_79" in v.evidence
+
+
+def test_repeated_non_fatal_xids_mark_a_device_dying() -> None:
+    sim = _sim()
+    det = HealthDetector()
+    _feed(det, sim, 5)
+    dev = sim.fleet.nodes[0].devices[0]
+    statuses = []
+    for i in range(3):
+        s = sim.telemetry.device_sample(dev).model_copy(
+            update={"xid_last": 31, "observed_at": sim.now + timedelta(seconds=20 * i)}
+        )
+        statuses += [v.status for v in det.accelerator(s)]
+    assert statuses == [HealthStatus.SUSPECT, HealthStatus.DYING]
+
+
+def test_heartbeat_loss_fails_a_node_but_a_blind_pipeline_stays_static() -> None:
+    sim = _sim()
+    det = HealthDetector(HealthConfig(heartbeat_timeout_s=5, blind_ratio=0.3))
+    _feed(det, sim, 5)
+    # one node silent: its devices fail
+    det.nodes["node-00004"] -= 60
+    failed = {v.device_uuid for v in det.tick(sim.now) if v.status is HealthStatus.FAILED}
+    assert failed == {f"node-00004-gpu{i}" for i in range(8)}
+    # most nodes silent at once: the pipeline is blind; no verdicts, nothing failed anew
+    det2 = HealthDetector(HealthConfig(heartbeat_timeout_s=5, blind_ratio=0.3))
+    _feed(det2, _sim(), 5)
+    assert det2.tick(sim.now + timedelta(seconds=60)) == []
+
+
+def test_an_ecc_storm_is_dying_before_its_double_bit_fault() -> None:
+    fault = FaultSpec(kind=FaultKind.ECC_STORM, target=TargetSpec(node=0, device=1), start_s=20,
+                      duration_s=500, params={"lead_s": 300})  # fmt: skip
+    sim = _sim(fault, nodes=4)
+    flagged = _flagged(_feed(HealthDetector(), sim, 330))
+    v = flagged["node-00000-gpu1"]
+    assert v.status is HealthStatus.DYING and "ecc_sbe_rise" in v.evidence
+    assert (v.observed_at - START).total_seconds() < 20 + 300  # before the double-bit fault
+    assert set(flagged) == {"node-00000-gpu1"}
+
+
+def test_per_device_state_is_small_and_state_round_trips() -> None:
+    sim = _sim()
+    det = HealthDetector()
+    _feed(det, sim, 60)
+    sizes = [len(pickle.dumps(d)) for d in det.devices.values()]
+    assert max(sizes) <= 2048, max(sizes)
+    clone = pickle.loads(pickle.dumps(det))
+    sample = sim.telemetry.device_sample(sim.fleet.nodes[0].devices[0])
+    assert clone.accelerator(sample) == det.accelerator(sample)
+
+
+def test_verdicts_come_on_change_and_as_keepalives() -> None:
+    det = HealthDetector(HealthConfig(verdict_interval_s=30))
+    sim = _sim(nodes=2)
+    verdicts = _feed(det, sim, 70)
+    per_device = [v for v in verdicts if v.device_uuid == "node-00000-gpu0"]
+    assert [v.status for v in per_device] == [HealthStatus.HEALTHY] * 3  # t=1, 31, 61
+    assert all(0.0 <= v.score < 0.5 for v in per_device)

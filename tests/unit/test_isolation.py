@@ -1,0 +1,129 @@
+"""The isolation ladder as scenario tables: rungs, dwell, probation, guardrail refusals."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import REASONS, IsolationLadder, LadderConfig, Rung
+from schemas.base import AcceleratorType
+from schemas.commands import RouteAction
+from schemas.verdicts import HealthStatus, Verdict
+from tests.factories import START
+
+
+def _verdict(device: str, status: HealthStatus, at_s: float, rack: str = "rack-0") -> Verdict:
+    return Verdict(
+        verdict_id=uuid.uuid4(),
+        observed_at=START + timedelta(seconds=at_s),
+        device_uuid=device,
+        node_id=device.split("-gpu")[0],
+        region="us-east",
+        rack_id=rack,
+        pool="us-east-h100",
+        accelerator_type=AcceleratorType.H100,
+        status=status,
+        previous_status=HealthStatus.HEALTHY,
+        score=0.9,
+        evidence="test",
+    )
+
+
+def _ladder(**config: float) -> IsolationLadder:
+    guard = Guardrail(
+        GuardrailConfig(max_isolated_ratio=1.0, rack_max_isolated_ratio=1.0, max_actions=100),
+        devices={f"n{i}-gpu0": ("us-east-h100", "rack-0") for i in range(10)},
+    )
+    return IsolationLadder(LadderConfig(**config), guard)  # type: ignore[arg-type]
+
+
+def _at(s: float):  # type: ignore[no-untyped-def]
+    return START + timedelta(seconds=s)
+
+
+def test_hard_fault_quarantines_at_once() -> None:
+    ladder = _ladder()
+    [d] = ladder.verdict(_verdict("n0-gpu0", HealthStatus.FAILED, 1), now=_at(1))
+    assert (d.action, d.allowed, d.reason) == (RouteAction.QUARANTINE, True, "hard_fault")
+    assert ladder.rung("n0-gpu0") is Rung.QUARANTINED
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # (verdict status or None for a tick, at_s) -> actions taken in order
+        (
+            [("dying", 0), (None, 5), (None, 10), (None, 20), (None, 25), (None, 30)],
+            [RouteAction.DEWEIGHT, RouteAction.STOP_NEW_SESSIONS, RouteAction.DRAIN],
+        ),
+        ([("suspect", 0), (None, 60)], []),  # suspect holds: no action
+        ([("dying", 0), ("suspect", 3), (None, 30)], [RouteAction.DEWEIGHT]),  # held at rung 1
+        (
+            [("dying", 0), ("healthy", 5), (None, 100), (None, 126)],
+            [RouteAction.DEWEIGHT, RouteAction.RESTORE],  # probation 120 s, then restore
+        ),
+        (
+            [("dying", 0), ("healthy", 5), ("suspect", 100), ("healthy", 110), (None, 126)],
+            [RouteAction.DEWEIGHT],  # a relapse restarts probation
+        ),
+    ],
+)
+def test_ladder_steps(steps: list[tuple[str | None, float]], expected: list[RouteAction]) -> None:
+    ladder = _ladder()
+    actions = []
+    for status, at in steps:
+        if status is None:
+            out = ladder.tick(_at(at))
+        else:
+            out = ladder.verdict(_verdict("n0-gpu0", HealthStatus(status), at), now=_at(at))
+        actions += [d.action for d in out if d.allowed]
+    assert actions == expected
+
+
+def test_deweight_carries_its_ratio() -> None:
+    ladder = _ladder(deweight_ratio=0.25)
+    [d] = ladder.verdict(_verdict("n0-gpu0", HealthStatus.DYING, 0), now=_at(0))
+    assert d.weight_ratio == 0.25
+
+
+def test_guardrail_refusal_is_a_decision_and_is_retried_later() -> None:
+    guard = Guardrail(
+        GuardrailConfig(max_isolated_ratio=0.1, rack_max_isolated_ratio=0.1),
+        devices={f"n{i}-gpu0": ("us-east-h100", "rack-0") for i in range(10)},
+    )
+    ladder = IsolationLadder(LadderConfig(retry_s=30), guard)
+    assert ladder.verdict(_verdict("n0-gpu0", HealthStatus.FAILED, 0), now=_at(0))[0].allowed
+    [refused] = ladder.verdict(_verdict("n1-gpu0", HealthStatus.FAILED, 1), now=_at(1))
+    assert (refused.allowed, refused.reason) == (False, "pool_cap")
+    assert refused.reason in REASONS
+    assert ladder.tick(_at(10)) == []  # no refusal spam before retry_s
+    [again] = ladder.tick(_at(31))
+    assert (again.allowed, again.reason) == (False, "pool_cap")
+    # n0 recovers and is restored; then n1's retry goes through
+    ladder.verdict(_verdict("n0-gpu0", HealthStatus.HEALTHY, 40), now=_at(40))
+    out = ladder.tick(_at(161))
+    assert [(d.device_uuid, d.action) for d in out if d.allowed] == [
+        ("n0-gpu0", RouteAction.RESTORE)
+    ]
+    out = ladder.verdict(_verdict("n1-gpu0", HealthStatus.FAILED, 162), now=_at(162))
+    assert [(d.device_uuid, d.action) for d in out if d.allowed] == [
+        ("n1-gpu0", RouteAction.QUARANTINE)
+    ]
+
+
+def test_stale_verdicts_fail_static() -> None:
+    ladder = _ladder()
+    old = _verdict("n0-gpu0", HealthStatus.FAILED, 0)
+    [d] = ladder.verdict(old, now=_at(300))  # evidence five minutes old
+    assert (d.allowed, d.reason) == (False, "stale_telemetry")
+    assert ladder.rung("n0-gpu0") is Rung.ACTIVE
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="deweight_ratio"):
+        LadderConfig(deweight_ratio=1.5)
+    with pytest.raises(ValueError, match="probation_s"):
+        LadderConfig(probation_s=float("nan"))
