@@ -37,7 +37,7 @@ def _ladder(**config: float) -> IsolationLadder:
         GuardrailConfig(max_isolated_ratio=1.0, rack_max_isolated_ratio=1.0, max_actions=100),
         devices={f"n{i}-gpu0": ("us-east-h100", "rack-0") for i in range(10)},
     )
-    return IsolationLadder(LadderConfig(**config), guard)  # type: ignore[arg-type]
+    return IsolationLadder(LadderConfig(**config), guard)
 
 
 def _at(s: float):  # type: ignore[no-untyped-def]
