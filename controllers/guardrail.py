@@ -17,7 +17,11 @@ the first that refuses names the reason:
    a rack holds few nodes, so its default is a node's share);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
-Giving capacity back (restore) is never refused. Every answer is a
+Giving capacity back (restore) is never refused. A proposal marked ``hard``
+(the device has already failed: double-bit ECC, fallen off the bus, no
+heartbeat) takes no healthy capacity away, so it skips checks 3 and 4; it
+still fails static and still counts towards the lockout, which is what stops a
+detector gone wrong from quarantining the fleet. Every answer is a
 :class:`GuardDecision` with a closed reason, for ClickHouse, metrics and logs.
 Pure: time is an argument; the state is plain data and round-trips as JSON.
 
@@ -78,6 +82,7 @@ class GuardrailConfig:
 class Proposal:
     device_uuid: str
     isolate: bool  # True: take capacity away; False: give it back
+    hard: bool = False  # the device has already failed: no blast radius or rate to spend
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +186,12 @@ class Guardrail:
             return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
         pool, rack = where
         for reason, key, sizes, ratio in (
-            (GuardReason.POOL_CAP, pool, self._pool_size, c.max_isolated_ratio),
-            (GuardReason.RACK_CAP, rack, self._rack_size, c.rack_max_isolated_ratio),
+            ()
+            if proposal.hard
+            else (
+                (GuardReason.POOL_CAP, pool, self._pool_size, c.max_isolated_ratio),
+                (GuardReason.RACK_CAP, rack, self._rack_size, c.rack_max_isolated_ratio),
+            )
         ):
             members = sum(1 for d in s.isolated if self._where(d, reason) == key)
             limit = self.cap(sizes[key], ratio)
@@ -191,7 +200,7 @@ class Guardrail:
                     False, reason, f"{key}: {members} of {sizes[key]} isolated, cap {limit}"
                 )
         in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
-        if len(in_window) >= c.max_actions:
+        if len(in_window) >= c.max_actions and not proposal.hard:
             return GuardDecision(
                 False,
                 GuardReason.RATE_LIMITED,

@@ -3,7 +3,9 @@
 Rungs, mildest first: de-weight (``deweight_ratio`` of its traffic), stop new
 sessions, drain, quarantine. What a verdict asks for:
 
-- ``failed`` (a hard fault) -> quarantine at once: there is nothing to wait for;
+- ``failed`` (a hard fault) -> quarantine at once: there is nothing to wait for,
+  and no healthy capacity to lose (the guardrail's blast-radius caps and rate
+  limit do not apply; fail-static and the lockout do);
 - ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
   evidence must hold while the device is already lightened);
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
@@ -169,7 +171,7 @@ class IsolationLadder:
         if d.refused_at is not None and (now - d.refused_at).total_seconds() < c.retry_s:
             return []
         rung = target if hard else Rung(d.rung + 1)
-        guard = self.guard.check(Proposal(device_uuid, isolate=True), now=now)
+        guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=hard), now=now)
         if not guard.allowed:
             d.refused_at, d.refused_for = now, guard.reason.value
             return [

@@ -228,6 +228,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_eval_faults(args: argparse.Namespace) -> int:
+    from fleetloop.eval_faults import EvalRun, format_score, run_eval_faults
+
+    run = EvalRun(Path(args.scenario), speed=args.speed, nodes=args.nodes)
+    summary = run_eval_faults(_settings(BrokerSettings, args), run).summary()
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(format_score(run.scenario.name, summary))
+    return 0
+
+
+def _cmd_eval_nab(args: argparse.Namespace) -> int:
+    from fleetloop.eval_nab import (
+        format_nab,
+        read_corpus,
+        read_results,
+        run_detector,
+        score_corpus,
+        write_results,
+    )
+
+    corpus, windows = read_corpus(Path(args.dir))
+    if args.score_only:
+        results = Path(args.score_only)
+        detectors = args.detector or sorted(p.name for p in results.iterdir() if p.is_dir())
+        out = {d: score_corpus(read_results(results, d, corpus), windows) for d in detectors}
+        if args.json:
+            print(json.dumps(out, sort_keys=True))
+        else:
+            print("\n\n".join(format_nab(f"NAB scores of {d}", r) for d, r in out.items()))
+        return 0
+    scored = run_detector(corpus)
+    if args.out:
+        write_results(scored, Path(args.out), "fleetloop")
+    result = score_corpus(scored, windows)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(format_nab(f"fleetloop's stream scorer on {args.dir}", result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetloop", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -305,6 +348,30 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"local broker: {field.description or f'(default: {field.default})'}",
         )
     demo.set_defaults(func=_cmd_demo)
+
+    evaluate = sub.add_parser("eval", help="score the detectors and controllers")
+    evals = evaluate.add_subparsers(dest="evaluation", required=True)
+    faults = evals.add_parser(
+        "faults", help="inject a scenario's faults into the full pipeline; score health"
+    )
+    faults.add_argument("--scenario", required=True, help="scenario file with duration_s")
+    faults.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s")
+    faults.add_argument("--nodes", type=int, help="override the scenario's node count")
+    faults.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    faults.set_defaults(func=_cmd_eval_faults)
+    nab = evals.add_parser("nab", help="the online stream scorer on a NAB-layout corpus")
+    nab.add_argument("dir", help="corpus: data/<category>/*.csv and labels/combined_windows.json")
+    nab.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    nab.add_argument("--out", help="also write our scores in NAB's results layout here")
+    nab.add_argument(
+        "--score-only",
+        metavar="RESULTS_DIR",
+        help="score detector outputs in NAB's results layout instead of running ours",
+    )
+    nab.add_argument(
+        "--detector", action="append", help="with --score-only: only this detector (repeatable)"
+    )
+    nab.set_defaults(func=_cmd_eval_nab)
     return parser
 
 

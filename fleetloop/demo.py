@@ -22,16 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 import os
 import secrets
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,6 +34,7 @@ from pydantic import SecretStr
 
 from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import LocalKafkaBroker
+from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.report import run_report
 from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings
 from fleetloop.sqlclient import format_table, run_query
@@ -111,43 +107,6 @@ GROUP BY model, region HAVING sum(requests) > 0 LIMIT 1
 """
 
 
-def _get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return dict(json.loads(response.read()))
-
-
-def _wait(
-    probe: Callable[[], object],
-    procs: dict[str, subprocess.Popen[bytes]],
-    what: str,
-    timeout_s: float,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for name, proc in procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{name} exited with code {proc.returncode} (see var/{name}.log)"
-                )
-        with contextlib.suppress(OSError):
-            if probe():
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = Path(f"var/{name}.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleetloop", *args],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 class Operator:
     """Stands in for the controllers: reads ClickHouse, sends signed commands."""
 
@@ -160,7 +119,7 @@ class Operator:
         self.quarantined: str | None = None
 
     def sim_now(self) -> datetime:
-        return datetime.fromisoformat(str(_get_json(self.sim_url + "/healthz")["source_time"]))
+        return datetime.fromisoformat(str(get_json(self.sim_url + "/healthz")["source_time"]))
 
     def query(self, sql: str) -> list[list[object]]:
         return run_query(self.s, sql.format(db=self.s.clickhouse_database, since=self.since)).rows
@@ -250,7 +209,7 @@ def run_demo(
     web_port = settings.query_url.rsplit(":", 1)[-1].strip("/")
     sim_url = f"http://{settings.web_bind}:{settings.web_port}"
     procs = {
-        "worker": _spawn(
+        "worker": spawn(
             "worker",
             [
                 "worker",
@@ -268,8 +227,8 @@ def run_demo(
     }
     print("[demo] stream worker starting (log: var/worker.log)")
     try:
-        _wait(lambda: _get_json(settings.query_url + "/healthz"), procs, "the worker", 90)
-        procs["sim"] = _spawn(
+        wait_for(lambda: get_json(settings.query_url + "/healthz"), procs, "the worker", 90)
+        procs["sim"] = spawn(
             "sim",
             [
                 "sim",
@@ -287,7 +246,7 @@ def run_demo(
             ],
             env,
         )
-        _wait(lambda: _get_json(sim_url + "/healthz"), procs, "the simulator", 60)
+        wait_for(lambda: get_json(sim_url + "/healthz"), procs, "the simulator", 60)
         print(
             f"[demo] fleet simulator up ({scenario.name}, x{speed:g} real time, {ticks} steps); "
             f"router table at {sim_url}/routes, log var/sim.log"
@@ -301,13 +260,7 @@ def run_demo(
                 procs["worker"].wait()
         return 0
     finally:
-        for proc in reversed(list(procs.values())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_all(procs)
         if broker is not None and not keep_running:
             broker.down()
             print("[demo] broker stopped")

@@ -171,8 +171,9 @@ class NodeSettings(LoopSettings):
     )
 
 
-class WorkerSettings(ConnectionSettings):
-    """The faust stream worker (`fleetloop worker`)."""
+class WorkerSettings(ConnectionSettings, CommandKeySettings):
+    """The faust stream worker (`fleetloop worker`). With command keys its isolation
+    controller signs and sends commands; without, it is advisory (decisions only)."""
 
     app_id: str = "fleetloop"
     worker_dir: Path = Field(Path("var/worker"), description="faust data dir of this worker")
@@ -185,3 +186,5 @@ class WorkerSettings(ConnectionSettings):
     batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)
     lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")
+    health: bool = Field(True, description="run health detection and the isolation ladder")
+    command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")

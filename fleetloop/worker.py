@@ -13,6 +13,7 @@ from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
+from streams.health import HealthWiring
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,17 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
+    if not settings.health:
+        return None
+    key = settings.signing_key() if settings.command_keys is not None else None
+    if key is None:
+        log.warning("no FLEETLOOP_COMMAND_KEYS: the isolation controller is advisory")
+    return HealthWiring(
+        topic_prefix=settings.topic_prefix, signing_key=key, command_ttl_s=settings.command_ttl_s
+    )
 
 
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
@@ -50,6 +62,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         batch_within_s=settings.batch_within_s,
         session_timeout_s=settings.session_timeout_s,
         lag_interval_s=settings.lag_interval_s,
+        health=_health_wiring(settings),
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

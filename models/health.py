@@ -10,9 +10,16 @@ Hard faults make a device ``failed`` within the event that shows them:
 
 - a fatal XID (:data:`schemas.dcgm.FATAL_XIDS`) or a double-bit ECC error;
 - a failed probe, a device that stops reporting while its node heartbeats;
-- a node whose heartbeats stop for ``heartbeat_timeout_s`` (all its devices),
-  unless more than ``blind_ratio`` of the known nodes went silent together:
-  that is the pipeline going blind, not the fleet dying, and it stays static.
+- a node whose heartbeats stop for ``heartbeat_timeout_s`` (all its devices).
+
+Silence is measured against the progress of the source the samples come from
+(a topic partition, passed as ``source``): a node is silent when its
+partition-mates' heartbeats are ``heartbeat_timeout_s`` ahead of its last, so
+consumer lag or skew between partitions never fakes it. A source that goes
+quiet as a whole counts only after ``stall_wall_s`` of processing time, and
+not at all when more than ``blind_ratio`` of the known nodes went quiet that
+way together: that is the pipeline going blind, not the fleet dying, and it
+stays static.
 
 Soft signals are scored before they are learned, and a device that is over a
 threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
@@ -50,7 +57,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID
@@ -67,6 +74,7 @@ LOAD_BAND_BASE = math.log(1.25)
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
     heartbeat_timeout_s: float = 5.0
+    stall_wall_s: float = 30.0
     blind_ratio: float = 0.3
     verdict_interval_s: float = 30.0
     sustain_s: float = 10.0
@@ -100,6 +108,7 @@ class DeviceState:
     rack_id: str
     kind: AcceleratorType
     seen_s: float = 0.0
+    source: Hashable = None  # where its samples come from (a topic partition)
     clock_max_mhz: float = 0.0
     clock_ratio: float = 1.0
     status: HealthStatus = HealthStatus.HEALTHY
@@ -167,6 +176,9 @@ class HealthDetector:
         self.new_id = new_id
         self.devices: dict[str, DeviceState] = {}
         self.nodes: dict[str, float] = {}  # node -> newest heartbeat (epoch s)
+        self.nodes_wall: dict[str, float] = {}  # node -> when it arrived (processing time)
+        self.node_source: dict[str, Hashable] = {}
+        self.watermarks: dict[Hashable, float] = {}  # source -> newest event time read from it
         self.lost_nodes: set[str] = set()
         self.now_s = -math.inf
         self.tpot_peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
@@ -177,16 +189,22 @@ class HealthDetector:
     # -- inputs ---------------------------------------------------------------------------
 
     def accelerator(
-        self, s: AcceleratorTelemetry, *, appended_at: datetime | None = None
+        self,
+        s: AcceleratorTelemetry,
+        *,
+        appended_at: datetime | None = None,
+        received_s: float | None = None,
+        source: Hashable = None,
     ) -> list[Verdict]:
         c, t = self.config, s.observed_at.timestamp()
         self.now_s = max(self.now_s, t)
+        self._advance(source, t)
         d = self.devices.get(s.device_uuid)
         if d is None:
             d = self.devices[s.device_uuid] = DeviceState(
                 s.node_id, s.region, s.rack_id, s.accelerator_type
             )
-        dt, d.seen_s = t - d.seen_s, t
+        dt, d.seen_s, d.source = t - d.seen_s, t, source
         if s.sm_clock_mhz is not None and s.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, s.sm_clock_mhz)
             d.clock_ratio = s.sm_clock_mhz / d.clock_max_mhz
@@ -202,7 +220,15 @@ class HealthDetector:
         self._thermal(d, s, dt)
         return self._judge(s.device_uuid, d, t, s.event_id, appended_at)
 
-    def serving(self, m: ServingMetrics, *, appended_at: datetime | None = None) -> list[Verdict]:
+    def serving(
+        self,
+        m: ServingMetrics,
+        *,
+        appended_at: datetime | None = None,
+        received_s: float | None = None,
+        source: Hashable = None,
+    ) -> list[Verdict]:
+        del received_s, source  # latency is judged against peers, not against time
         device = m.device_uuid or ""
         d = self.devices.get(device)
         if d is None or m.tpot_p50_s is None or m.tpot_p50_s <= 0 or m.requests == 0:
@@ -233,10 +259,21 @@ class HealthDetector:
             self.tpot_peers.learn(key, x, device)
         return self._judge(device, d, t, m.event_id, appended_at)
 
-    def heartbeat(self, h: NodeHealth, *, appended_at: datetime | None = None) -> list[Verdict]:
+    def heartbeat(
+        self,
+        h: NodeHealth,
+        *,
+        appended_at: datetime | None = None,
+        received_s: float | None = None,
+        source: Hashable = None,
+    ) -> list[Verdict]:
         t = h.observed_at.timestamp()
         self.now_s = max(self.now_s, t)
+        self._advance(source, t)
         self.nodes[h.node_id] = t
+        self.node_source[h.node_id] = source
+        if received_s is not None:
+            self.nodes_wall[h.node_id] = received_s
         out: list[Verdict] = []
         if h.node_id in self.lost_nodes:
             self.lost_nodes.discard(h.node_id)
@@ -265,14 +302,19 @@ class HealthDetector:
                 out.extend(self._judge(device_uuid, d, t, h.event_id, appended_at))
         return out
 
-    def tick(self, now: datetime) -> list[Verdict]:
-        """Time passed (event time): heartbeat losses and stale signals."""
+    def tick(self, now: datetime, *, wall_s: float = math.inf) -> list[Verdict]:
+        """Time passed: heartbeat losses. ``now`` is event time, ``wall_s`` processing time
+        (the clock ``received_s`` came from)."""
         t = now.timestamp()
         self.now_s = max(self.now_s, t)
-        c = self.config
-        silent = {n for n, seen in self.nodes.items() if t - seen > c.heartbeat_timeout_s}
-        if self.nodes and len(silent) > c.blind_ratio * len(self.nodes):
-            return []  # the pipeline is blind, not the fleet dead: stay static
+        silent = {n for n, seen in self.nodes.items() if self._behind(n, seen)}
+        quiet = {
+            n
+            for n, seen in self.nodes.items()
+            if n not in silent and self._quiet(n, seen, t, wall_s)
+        }
+        if len(quiet) <= self.config.blind_ratio * len(self.nodes):
+            silent |= quiet  # else whole sources went quiet at once: we are blind; stay static
         newly = silent - self.lost_nodes
         self.lost_nodes = silent
         out: list[Verdict] = []
@@ -280,6 +322,24 @@ class HealthDetector:
             if d.node_id in newly:
                 out.extend(self._judge(device_uuid, d, t, None, None))
         return out
+
+    def _advance(self, source: Hashable, t: float) -> None:
+        if t > self.watermarks.get(source, -math.inf):
+            self.watermarks[source] = t
+
+    def _behind(self, node: str, seen: float) -> bool:
+        """Silent against its own source's progress: its partition-mates heartbeat on, so
+        no consumer lag or skew between partitions can fake it."""
+        mark = self.watermarks.get(self.node_source.get(node), seen)
+        return mark - seen > self.config.heartbeat_timeout_s
+
+    def _quiet(self, node: str, seen: float, now: float, wall_s: float) -> bool:
+        """Its whole source went quiet: silent only after ``stall_wall_s`` of processing time
+        without a word (and never when most of the fleet went quiet together)."""
+        c = self.config
+        arrived = self.nodes_wall.get(node)
+        quiet_wall = wall_s - arrived if arrived is not None else math.inf
+        return now - seen > c.heartbeat_timeout_s and quiet_wall > c.stall_wall_s
 
     # -- signals --------------------------------------------------------------------------
 
@@ -363,14 +423,9 @@ class HealthDetector:
         if d.node_id in self.lost_nodes:
             age = t - self.nodes.get(d.node_id, t)
             hard.append(Signal(name="heartbeat_lost_s", value=age, threshold=c.heartbeat_timeout_s))
-        elif d.node_id in self.nodes and self.nodes[d.node_id] - d.seen_s > c.heartbeat_timeout_s:
-            hard.append(
-                Signal(
-                    name="device_silent_s",
-                    value=self.nodes[d.node_id] - d.seen_s,
-                    threshold=c.heartbeat_timeout_s,
-                )
-            )
+        elif (gap := self.watermarks.get(d.source, d.seen_s) - d.seen_s) > c.heartbeat_timeout_s:
+            # its partition-mates report on, it does not: a device off the bus
+            hard.append(Signal(name="device_silent_s", value=gap, threshold=c.heartbeat_timeout_s))
         soft: list[Signal] = []
         ecc_value = float(d.ecc_streak)
         if d.ecc_rate_per_s >= c.ecc_dying_per_s:

@@ -32,6 +32,7 @@ from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.dashboards import load_dashboards, render_page
+from streams.health import HealthWiring, add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
 from streams.rows import Coordinates
@@ -56,6 +57,7 @@ class WorkerConfig:
     batch_within_s: float = 1.0
     session_timeout_s: float = 10.0
     lag_interval_s: float = 15.0
+    health: HealthWiring | None = None  # None: ingest only
 
 
 class IngestMetrics:
@@ -142,6 +144,8 @@ def create_app(
 
     for spec in INGESTED_TOPICS:
         _add_ingest(app, config, spec, sink, metrics, on_fatal)
+    if config.health is not None:
+        add_health(app, config.health, registry)
     _add_lag_timer(app, config, metrics)
     _add_pages(app, store, registry)
     return app

@@ -6,6 +6,8 @@ at t=60 s; rack-0001's feed degrading at t=30 s until its breaker trips; demand
 for gemma-27b in us-east, loaded nowhere, from t=5 s. Its executors get a warm
 command for gemma-27b at t=20 s, a quarantine for the faulty device at t=60 s
 (sent twice), and a forged drain. Three malformed messages become dead letters.
+The health detector and the isolation ladder (advisory: no signing key) judge
+every event, as the worker's processors do, so verdicts and decisions are real.
 Everything goes through the real ingest split and ClickHouse sink.
 """
 
@@ -20,20 +22,27 @@ from prometheus_client import CollectorRegistry
 from agents.sim.control import SimControl
 from agents.sim.scenario import DemandSpec, FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
 from agents.sim.simulation import Simulation
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import IsolationLadder, LadderConfig
 from fleetloop.sim import build_host
+from models.health import HealthDetector
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import Command, RouteAction, RouteCommand, Target, WarmAction, WarmCommand
-from schemas.events import AcceleratorTelemetry
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import (
     ACCELERATOR,
     COMMAND_RESULTS,
+    DECISIONS,
     ROUTE_COMMANDS,
     SERVING,
+    VERDICTS,
     WARM_COMMANDS,
     TopicSpec,
 )
+from schemas.verdicts import Verdict
 from streams.clickhouse_store import ClickHouseStore
+from streams.health import HealthWiring, decide
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
@@ -98,6 +107,18 @@ def seed(store: ClickHouseStore) -> Seeded:
         assert result is not None
         add(COMMAND_RESULTS, result)
 
+    detector = HealthDetector()
+    # one tripped rack is half of this 8-node fleet: lock out only past three quarters
+    guard = Guardrail(GuardrailConfig(lockout_ratio=0.75), devices={})
+    ladder = IsolationLadder(LadderConfig(), guard)
+    advisory = HealthWiring()
+
+    def judge(verdicts: list[Verdict]) -> None:
+        for v in verdicts:
+            add(VERDICTS, v)
+            for step in ladder.verdict(v, now=sim.now):
+                add(DECISIONS, decide(step, sim.now, advisory)[0])
+
     dbe_sample: AcceleratorTelemetry | None = None
     for n in range(STEPS):
         if n == 20:
@@ -134,6 +155,12 @@ def seed(store: ClickHouseStore) -> Seeded:
                 command(ROUTE_COMMANDS, c)
         for spec, value in sim.tick(n):
             add(spec, value)
+            if isinstance(value, AcceleratorTelemetry):
+                judge(detector.accelerator(value))
+            elif isinstance(value, ServingMetrics):
+                judge(detector.serving(value))
+            elif isinstance(value, NodeHealth):
+                judge(detector.heartbeat(value))
             if (
                 dbe_sample is None
                 and isinstance(value, AcceleratorTelemetry)
@@ -141,6 +168,9 @@ def seed(store: ClickHouseStore) -> Seeded:
                 and value.ecc_dbe_volatile_total
             ):
                 dbe_sample = value
+        judge(detector.tick(sim.now))
+        for step in ladder.tick(sim.now):
+            add(DECISIONS, decide(step, sim.now, advisory)[0])
     bad = [
         RawMessage(Coordinates(ACCELERATOR.name, 0, offsets[ACCELERATOR.name] + 1), b"k", b"{no"),
         RawMessage(

@@ -20,7 +20,16 @@ T = TypeVar("T")
 
 
 class SimProcess:
-    def __init__(self, *, bootstrap: str, prefix: str, home: Path, web_port: int) -> None:
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        prefix: str,
+        home: Path,
+        web_port: int,
+        scenario: Path | None = None,
+        speed: float = 1.0,
+    ) -> None:
         self.url = f"http://127.0.0.1:{web_port}"
         self.log_path = home / "sim.log"
         self.args = [
@@ -35,7 +44,8 @@ class SimProcess:
             "--nodes",
             "4",
             "--speed",
-            "1",
+            str(speed),
+            *(["--scenario", str(scenario)] if scenario else []),
             "--web-port",
             str(web_port),
             "--group-id",

@@ -17,8 +17,16 @@ from fleetloop.settings import REPO_ROOT
 
 class WorkerProcess:
     def __init__(
-        self, *, bootstrap: str, prefix: str, home: Path, web_port: int, extra: tuple[str, ...] = ()
+        self,
+        *,
+        bootstrap: str,
+        prefix: str,
+        home: Path,
+        web_port: int,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.extra_env = env or {}
         self.url = f"http://127.0.0.1:{web_port}"
         self.log_path = home / "worker.log"
         self.args = [
@@ -46,7 +54,7 @@ class WorkerProcess:
 
     def start(self, timeout_s: float = 90.0) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
         env.pop("KAFKA_BOOTSTRAP", None)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

@@ -131,3 +131,15 @@ def test_racks_have_their_own_ratio_and_devices_can_join_later() -> None:
     assert _isolate(g, "new-d0") is GuardReason.UNKNOWN_DEVICE
     g.register("new-d0", pool="p3", rack="p3-rack0")
     assert _isolate(g, "new-d0") is GuardReason.ALLOWED
+
+
+def test_hard_faults_skip_blast_radius_and_rate_but_not_fail_static_or_lockout() -> None:
+    g = _guard(max_isolated_ratio=0.1, max_actions=1, lockout_ratio=0.1)  # lockout at 4 of 40
+    hard = [g.check(Proposal(f"p1-d0{i}", isolate=True, hard=True), now=START).reason
+            for i in range(5)]  # fmt: skip
+    assert hard[:4] == [GuardReason.ALLOWED] * 4  # rack cap 1, rate 1: not for dead devices
+    assert hard[4] is GuardReason.LOCKED_OUT  # but a detector gone wrong still stops
+    stale = _guard()
+    late = START + timedelta(minutes=5)
+    decision = stale.check(Proposal("p1-d00", isolate=True, hard=True), now=late)
+    assert decision.reason is GuardReason.STALE_TELEMETRY

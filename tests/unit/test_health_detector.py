@@ -96,6 +96,23 @@ def test_heartbeat_loss_fails_a_node_but_a_blind_pipeline_stays_static() -> None
     det.nodes["node-00004"] -= 60
     failed = {v.device_uuid for v in det.tick(sim.now) if v.status is HealthStatus.FAILED}
     assert failed == {f"node-00004-gpu{i}" for i in range(8)}
+    # a lagging partition is not a silent node: each node is judged against its own source
+    det3 = HealthDetector(HealthConfig(heartbeat_timeout_s=5, stall_wall_s=30))
+    events = [ev for _spec, ev in sim.tick(5)]
+    beats = [ev for ev in events if isinstance(ev, NodeHealth)]
+    source = {ev.node_id: "lagging" if ev.node_id == "node-00004" else "a" for ev in beats}
+    for ev in events:
+        if isinstance(ev, AcceleratorTelemetry):
+            det3.accelerator(ev, received_s=100.0, source=source[ev.node_id])
+    for ev in beats:
+        det3.heartbeat(ev, received_s=100.0, source=source[ev.node_id])
+    later = sim.now + timedelta(seconds=60)
+    for ev in beats:  # every other node heartbeats again, a minute of event time on
+        if ev.node_id != "node-00004":
+            det3.heartbeat(ev.model_copy(update={"observed_at": later}), source="a")
+    assert det3.tick(later, wall_s=110.0) == []  # its partition has simply not been read yet
+    lost = {v.node_id for v in det3.tick(later, wall_s=131.0)}  # quiet 31 s in processing
+    assert lost == {"node-00004"}
     # most nodes silent at once: the pipeline is blind; no verdicts, nothing failed anew
     det2 = HealthDetector(HealthConfig(heartbeat_timeout_s=5, blind_ratio=0.3))
     _feed(det2, _sim(), 5)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from controllers.guardrail import Guardrail, GuardrailConfig
-from controllers.isolation import REASONS, IsolationLadder, LadderConfig, Rung
+from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision, Rung
 from schemas.base import AcceleratorType
 from schemas.commands import RouteAction
 from schemas.verdicts import HealthStatus, Verdict
@@ -94,13 +94,17 @@ def test_guardrail_refusal_is_a_decision_and_is_retried_later() -> None:
         GuardrailConfig(max_isolated_ratio=0.1, rack_max_isolated_ratio=0.1),
         devices={f"n{i}-gpu0": ("us-east-h100", "rack-0") for i in range(10)},
     )
-    ladder = IsolationLadder(LadderConfig(retry_s=30), guard)
-    assert ladder.verdict(_verdict("n0-gpu0", HealthStatus.FAILED, 0), now=_at(0))[0].allowed
-    [refused] = ladder.verdict(_verdict("n1-gpu0", HealthStatus.FAILED, 1), now=_at(1))
+    ladder = IsolationLadder(LadderConfig(retry_s=30, step_dwell_s=0), guard)
+    assert ladder.verdict(_verdict("n0-gpu0", HealthStatus.DYING, 0), now=_at(0))[0].allowed
+    [refused] = ladder.verdict(_verdict("n1-gpu0", HealthStatus.DYING, 1), now=_at(1))
     assert (refused.allowed, refused.reason) == (False, "pool_cap")
     assert refused.reason in REASONS
-    assert ladder.tick(_at(10)) == []  # no refusal spam before retry_s
-    [again] = ladder.tick(_at(31))
+
+    def n1(out: list[LadderDecision]) -> list[LadderDecision]:
+        return [d for d in out if d.device_uuid == "n1-gpu0"]
+
+    assert n1(ladder.tick(_at(10))) == []  # no refusal spam before retry_s
+    [again] = n1(ladder.tick(_at(31)))
     assert (again.allowed, again.reason) == (False, "pool_cap")
     # n0 recovers and is restored; then n1's retry goes through
     ladder.verdict(_verdict("n0-gpu0", HealthStatus.HEALTHY, 40), now=_at(40))
@@ -108,10 +112,13 @@ def test_guardrail_refusal_is_a_decision_and_is_retried_later() -> None:
     assert [(d.device_uuid, d.action) for d in out if d.allowed] == [
         ("n0-gpu0", RouteAction.RESTORE)
     ]
-    out = ladder.verdict(_verdict("n1-gpu0", HealthStatus.FAILED, 162), now=_at(162))
+    out = ladder.verdict(_verdict("n1-gpu0", HealthStatus.DYING, 162), now=_at(162))
     assert [(d.device_uuid, d.action) for d in out if d.allowed] == [
-        ("n1-gpu0", RouteAction.QUARANTINE)
+        ("n1-gpu0", RouteAction.DEWEIGHT)
     ]
+    # a failed device is quarantined even with the pool at its cap: it is no capacity to lose
+    [hard] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.FAILED, 163), now=_at(163))
+    assert (hard.action, hard.allowed, hard.reason) == (RouteAction.QUARANTINE, True, "hard_fault")
 
 
 def test_stale_verdicts_fail_static() -> None:

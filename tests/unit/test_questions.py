@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from controllers.isolation import REASONS
 from fleetloop.settings import REPO_ROOT
 from streams.charts import line_chart
 from streams.clickhouse_store import ClickHouseStore, QueryResult
@@ -90,6 +91,34 @@ def test_device_timeline_explains_the_quarantine(seeded: tuple[ClickHouseStore, 
     assert results[0].startswith("node-executor applied") and "duplicate" in results[1]
     after = [r for r in rows[command:] if r["kind"] == "telemetry"]
     assert after and after[-1]["what"].startswith("util 0 ")  # idle once quarantined
+    # the health verdict and the ladder's decision sit on the same axis, before the command
+    verdict = next(
+        i for i, r in enumerate(rows) if r["kind"] == "verdict" and "failed" in r["what"]
+    )
+    decision = next(i for i, r in enumerate(rows) if r["kind"] == "decision")
+    assert "ecc_dbe" in rows[verdict]["what"]
+    assert verdict < decision < command
+    assert "quarantine advisory (hard_fault)" in rows[decision]["what"]
+
+
+def test_devices_by_verdict(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = {r["device_uuid"]: r for r in ask(seeded[0], "devices_by_verdict")}
+    assert rows[FAULTY]["status"] == "failed"
+    assert "ecc_dbe" in [signal["name"] for signal in rows[FAULTY]["over"]]
+    assert "ecc_dbe" in rows[FAULTY]["evidence"]
+    crashed = {d for d, r in rows.items() if r["node_id"] == CRASHED}
+    assert len(crashed) == 8 and all(rows[d]["status"] == "failed" for d in crashed)
+    assert all("heartbeat_lost" in rows[d]["evidence"] for d in crashed)
+    first_status = next(iter(rows.values()))["status"]
+    assert first_status == "failed"  # worst first
+
+
+def test_decisions_by_reason(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = ask(seeded[0], "decisions_by_reason")
+    by = {(r["outcome"], r["reason"], r["action"]): r for r in rows}
+    # the double-bit fault, the crashed node's 8 devices and the tripped rack's 32
+    assert by[("advisory", "hard_fault", "quarantine")]["targets"] == 1 + 8 + 32
+    assert all(r["controller"] == "isolation" and r["reason"] in REASONS for r in rows)
 
 
 def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) -> None:

@@ -1,6 +1,6 @@
--- question: Why was this device isolated? Its telemetry per minute, and every command that targeted it or its node with the executor's result, on one time axis.
+-- question: Why was this device isolated? Its telemetry per minute, every change in its health verdict, every controller decision about it (refusals too), and every command that targeted it or its node with the executor's result, on one time axis.
 -- parameters: device_uuid String
--- answer: one row per event, oldest first: kind (telemetry, command, result), when, and what
+-- answer: one row per event, oldest first: kind (telemetry, verdict, decision, command, result), when, and what
 WITH
     {device_uuid:String} AS device,
     (SELECT any(node_id) FROM ${database}.device_1m WHERE device_uuid = device) AS node
@@ -20,6 +20,21 @@ SELECT kind, at, what FROM (
     GROUP BY minute
     UNION ALL
     SELECT
+        'verdict',
+        v.observed_at,
+        format('{} (was {}) score {}: {}', v.status, v.previous_status, toString(v.score),
+               v.evidence)
+    FROM ${database}.verdicts AS v
+    WHERE v.device_uuid = device AND v.status != v.previous_status
+    UNION ALL
+    SELECT
+        'decision',
+        d.decided_at,
+        format('{} {} {} ({}): {}', d.controller, d.action, d.outcome, d.reason, d.message)
+    FROM ${database}.decisions AS d
+    WHERE d.target = device
+    UNION ALL
+    SELECT
         'command',
         issued_at,
         format('{} {} ({}) by {} reason {} expires {}', command_type, action,
@@ -37,4 +52,4 @@ SELECT kind, at, what FROM (
         WHERE target_device_uuid = device OR (target_device_uuid IS NULL AND target_node_id = node)
     )
 )
-ORDER BY at, kind DESC
+ORDER BY at, indexOf(['telemetry', 'verdict', 'decision', 'command', 'result'], kind)

@@ -1,0 +1,189 @@
+"""`fleetloop eval faults`: the whole pipeline against a scenario's injected faults.
+
+Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one), a stream
+worker (ingest, health detection, the isolation ladder signing real commands)
+and the simulated fleet with its executors, each in its own process, on topics
+of their own (``eval-<run>.``). When the scenario has run, it reads every
+verdict, decision and route command back from Kafka, with the broker's
+timestamps, and scores them against the simulator's ground truth
+(:mod:`models.fault_scoring`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from agents.sim.scenario import load_scenario
+from fleetloop.kafka_broker import LocalKafkaBroker, free_port
+from fleetloop.procs import get_json, spawn, stop_all, wait_for
+from fleetloop.settings import BrokerSettings
+from fleetloop.topics_admin import ensure_topics
+from models.fault_scoring import FaultScore, faults_from_truth, score
+from schemas.codec import decode
+from schemas.commands import RouteCommand
+from schemas.topics import DECISIONS, ROUTE_COMMANDS, VERDICTS
+from schemas.verdicts import Decision, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRun:
+    scenario: Path
+    speed: float = 5.0
+    nodes: int | None = None
+    home: Path = Path("var/eval")
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, datetime]]:
+    """Every message on ``topic`` now, with its broker timestamp (oldest first per partition)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [described] = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topic, p["partition"]) for p in described.get("partitions", [])]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[tuple[bytes, datetime]] = []
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < end[tp] for tp in tps])
+
+        while await behind():
+            batches = await consumer.getmany(*tps, timeout_ms=1000, max_records=10_000)
+            for records in batches.values():
+                for r in records:
+                    at = datetime.fromtimestamp(r.timestamp / 1000.0, UTC)
+                    out.append((bytes(r.value or b""), at))
+    finally:
+        await consumer.stop()
+    return out
+
+
+def _say(message: str) -> None:
+    print(f"[eval] {message}", file=sys.stderr, flush=True)
+
+
+def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore:
+    """Run the scenario through the pipeline and score it."""
+    scenario = load_scenario(run.scenario)
+    if scenario.duration_s is None:
+        raise ValueError(f"{run.scenario}: an evaluation needs a scenario with duration_s")
+    run_id = uuid.uuid4().hex[:8]
+    home = run.home / run_id
+    prefix = f"eval-{run_id}."
+    env = dict(os.environ)
+    env.setdefault("FLEETLOOP_COMMAND_KEYS", f"eval={secrets.token_urlsafe(24)}")
+    broker: LocalKafkaBroker | None = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP", "")
+    if not bootstrap:
+        broker = LocalKafkaBroker(broker_settings)
+        _say(broker.up().describe())
+        bootstrap = broker.bootstrap
+    env["KAFKA_BOOTSTRAP"] = bootstrap
+    procs = {}
+    try:
+        asyncio.run(ensure_topics(bootstrap, prefix=prefix))
+        worker_url = f"http://127.0.0.1:{(worker_port := free_port())}"
+        procs["worker"] = spawn(
+            "worker",
+            ["worker", "--web-port", str(worker_port), "--app-id", f"eval-{run_id}",
+             "--clickhouse-dir", str(home / "clickhouse"), "--worker-dir", str(home / "faust"),
+             "--topic-prefix", prefix, "--batch-within-s", "0.5"],
+            env,
+            log_dir=home,
+        )  # fmt: skip
+        wait_for(lambda: get_json(worker_url + "/healthz"), procs, "the worker", 120)
+        sim_port = free_port()
+        procs["sim"] = spawn(
+            "sim",
+            ["sim", "--scenario", str(run.scenario), "--speed", str(run.speed),
+             "--web-port", str(sim_port), "--topic-prefix", prefix,
+             "--truth-file", str(home / "truth.jsonl"), "--spool-dir", "",
+             "--group-id", f"eval-{run_id}-executors",
+             *(["--nodes", str(run.nodes)] if run.nodes else [])],
+            env,
+            log_dir=home,
+        )  # fmt: skip
+        budget_s = scenario.duration_s / run.speed + 120
+        _say(
+            f"{run.scenario.name}: {scenario.duration_s:g}s simulated at x{run.speed:g} "
+            f"(about {scenario.duration_s / run.speed:.0f}s); logs in {home}"
+        )
+        started = time.monotonic()
+        while procs["sim"].poll() is None:
+            if time.monotonic() - started > budget_s:
+                raise RuntimeError(f"the simulator ran past {budget_s:.0f}s (see {home}/sim.log)")
+            if procs["worker"].poll() is not None:
+                raise RuntimeError(f"the worker exited (see {home}/worker.log)")
+            time.sleep(1.0)
+        if procs["sim"].returncode != 0:
+            raise RuntimeError(f"the simulator failed (see {home}/sim.log)")
+        time.sleep(5.0)  # the last verdicts and decisions on their way
+        messages = {
+            spec.name: asyncio.run(read_topic(bootstrap, prefix + spec.name))
+            for spec in (VERDICTS, DECISIONS, ROUTE_COMMANDS)
+        }
+    finally:
+        stop_all(procs)
+        if broker is not None:
+            broker.down()
+    verdicts = [decode(raw, Verdict) for raw, _ in messages[VERDICTS.name]]
+    judged = {
+        v.verdict_id: at for v, (_, at) in zip(verdicts, messages[VERDICTS.name], strict=True)
+    }
+    decisions = [decode(raw, Decision) for raw, _ in messages[DECISIONS.name]]
+    appended = {
+        decode(raw, RouteCommand).command_id: at for raw, at in messages[ROUTE_COMMANDS.name]
+    }
+    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts}
+    truth = [json.loads(line) for line in (home / "truth.jsonl").read_text().splitlines()]
+    return score(
+        faults_from_truth(truth, layout),
+        verdicts,
+        decisions,
+        appended,
+        judged,
+        observed_s=scenario.duration_s,
+    )
+
+
+def format_score(name: str, summary: dict[str, Any]) -> str:
+    """The score as a plain-text report."""
+    lines = [f"fault detection on {name}", ""]
+    lines.append(f"{'kind':<18}{'detected':>9}{'ttd p50 s':>11}{'ttd p95 s':>11}")
+    for kind, k in summary["per_kind"].items():
+        lines.append(f"{kind:<18}{k['detected']:>9}{k['ttd_p50_s']!s:>11}{k['ttd_p95_s']!s:>11}")
+    lines.append("")
+    for key in (
+        "precision", "recall", "faults", "detected", "detections", "true_detections",
+        "false_isolations", "device_days", "false_isolations_per_1k_device_days",
+        "ttd_p50_s", "ttd_p95_s", "hard_fault_isolations", "hard_fault_verdict_p50_s",
+        "hard_fault_verdict_p99_s", "hard_fault_isolation_p50_s", "hard_fault_isolation_p99_s",
+    ):  # fmt: skip
+        lines.append(f"{key:<38}{summary[key]}")
+    lines.append(f"{'actions':<38}{summary['actions']}")
+    lines.append(f"{'guardrail refusals':<38}{summary['refusals']}")
+    lines += [f"missed: {item}" for item in summary["missed"]]
+    shown = summary["false_detections"][:20]
+    lines += [f"false detection: {item}" for item in shown]
+    if len(summary["false_detections"]) > len(shown):
+        lines.append(f"... and {len(summary['false_detections']) - len(shown)} more")
+    return "\n".join(lines)

@@ -1,0 +1,234 @@
+"""Score health verdicts and isolations against the simulator's ground truth.
+
+Inputs are plain data: the truth file's rows (faults with their windows, and
+consequences such as a breaker trip), the verdicts, the decisions, and when
+each route command reached the broker.
+
+- A **fault** is something a health detector should see: a device fault (ECC
+  storm, grey slowdown, flapping XIDs), a node fault (thermal runaway, crash),
+  or a PDU overload that tripped its breaker (its rack went dark). Demand
+  spikes and cold models are not health faults and are left out.
+- A **detection** is the first ``dying`` or ``failed`` verdict of a device
+  after it was healthy (an episode). It is true when the device is a target
+  of a fault, between the fault's start and ``grace_s`` after its end.
+- **precision** = true detections / detections; **recall** = faults with at
+  least one true detection / faults; **time to detect** = first true
+  detection - fault start, per kind.
+- **false isolations**: isolating commands issued for a device no fault was
+  touching then, per 1,000 device-days observed.
+- **hard-fault isolation latency**: from the triggering event's broker
+  timestamp to the command's, for hard-fault quarantines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
+
+HEALTH_FAULTS = {
+    "ecc_storm",
+    "grey_slowdown",
+    "flapping_xid",
+    "thermal_runaway",
+    "node_crash",
+    "pdu_overload",
+}
+FLAGGED = {HealthStatus.DYING, HealthStatus.FAILED}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    fault_id: str
+    kind: str
+    start: datetime
+    end: datetime
+    devices: frozenset[str]
+
+
+@dataclass(slots=True)
+class FaultScore:
+    precision: float
+    recall: float
+    detections: int
+    true_detections: int
+    faults: int
+    detected: int
+    false_isolations: int
+    device_days: float
+    ttd_s: dict[str, list[float]] = field(default_factory=dict)
+    missed: list[str] = field(default_factory=list)
+    false_detections: list[str] = field(default_factory=list)
+    isolation_latency_s: list[float] = field(default_factory=list)
+    verdict_latency_s: list[float] = field(default_factory=list)  # event -> verdict on broker
+    actions: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def false_isolations_per_1k_device_days(self) -> float:
+        return 1000.0 * self.false_isolations / self.device_days if self.device_days else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        every = sorted(t for ts in self.ttd_s.values() for t in ts)
+        return {
+            "precision": round(self.precision, 4),
+            "recall": round(self.recall, 4),
+            "false_isolations_per_1k_device_days": round(
+                self.false_isolations_per_1k_device_days, 2
+            ),
+            "ttd_p50_s": _q(every, 0.5),
+            "ttd_p95_s": _q(every, 0.95),
+            "hard_fault_isolation_p99_s": _q(sorted(self.isolation_latency_s), 0.99),
+            "hard_fault_isolation_p50_s": _q(sorted(self.isolation_latency_s), 0.5),
+            "hard_fault_isolations": len(self.isolation_latency_s),
+            "hard_fault_verdict_p50_s": _q(sorted(self.verdict_latency_s), 0.5),
+            "hard_fault_verdict_p99_s": _q(sorted(self.verdict_latency_s), 0.99),
+            "faults": self.faults,
+            "detected": self.detected,
+            "detections": self.detections,
+            "true_detections": self.true_detections,
+            "false_isolations": self.false_isolations,
+            "device_days": round(self.device_days, 3),
+            "per_kind": {
+                kind: {
+                    "detected": len(ts),
+                    "ttd_p50_s": _q(sorted(ts), 0.5),
+                    "ttd_p95_s": _q(sorted(ts), 0.95),
+                }
+                for kind, ts in sorted(self.ttd_s.items())
+            },
+            "missed": self.missed,
+            "false_detections": self.false_detections,
+            "actions": self.actions,
+            "refusals": self.refusals,
+        }
+
+
+def _q(values: list[float], q: float) -> float | None:
+    """Nearest-rank quantile of sorted ``values``; None when empty."""
+    if not values:
+        return None
+    rank = max(0, math.ceil(q * len(values)) - 1)
+    return round(values[rank], 3)
+
+
+def faults_from_truth(
+    rows: Iterable[Mapping[str, Any]], layout: Mapping[str, tuple[str, str]]
+) -> list[Fault]:
+    """Faults a health detector should see, with the devices each touched.
+
+    ``layout`` maps each device to its (node, rack), as the verdicts named them.
+    """
+    rows = list(rows)
+    tripped = {r["target"] for r in rows if r.get("what") == "breaker_trip"}
+    out = []
+    for r in rows:
+        if r.get("record") != "fault" or r["kind"] not in HEALTH_FAULTS:
+            continue
+        if r["device_uuid"]:
+            devices = {r["device_uuid"]}
+        elif r["node_id"]:
+            devices = {d for d, (node, _) in layout.items() if node == r["node_id"]}
+        elif r["rack_id"] and r["rack_id"] in tripped:
+            devices = {d for d, (_, rack) in layout.items() if rack == r["rack_id"]}
+        else:
+            continue  # an overload that never tripped its breaker harmed no device
+        out.append(
+            Fault(
+                r["fault_id"],
+                r["kind"],
+                datetime.fromisoformat(r["start_at"]),
+                datetime.fromisoformat(r["end_at"]),
+                frozenset(devices),
+            )
+        )
+    return out
+
+
+def score(
+    faults: list[Fault],
+    verdicts: list[Verdict],
+    decisions: list[Decision],
+    command_appended: Mapping[UUID, datetime],
+    verdict_appended: Mapping[UUID, datetime] | None = None,
+    *,
+    observed_s: float,
+    grace_s: float = 60.0,
+) -> FaultScore:
+    """See the module docstring; ``observed_s`` is how long the fleet ran."""
+    grace = timedelta(seconds=grace_s)
+    verdicts = sorted(verdicts, key=lambda v: v.observed_at)
+    episodes: list[Verdict] = []
+    flagged: set[str] = set()
+    for v in verdicts:
+        if v.status in FLAGGED and v.device_uuid not in flagged:
+            flagged.add(v.device_uuid)
+            episodes.append(v)
+        elif v.status is HealthStatus.HEALTHY:
+            flagged.discard(v.device_uuid)
+
+    def touching(device: str, at: datetime) -> list[Fault]:
+        return [f for f in faults if device in f.devices and f.start <= at <= f.end + grace]
+
+    true_detections = 0
+    first: dict[str, datetime] = {}
+    false_detections = []
+    for v in episodes:
+        hits = touching(v.device_uuid, v.observed_at)
+        if hits:
+            true_detections += 1
+            for f in hits:
+                first.setdefault(f.fault_id, v.observed_at)
+        else:
+            false_detections.append(f"{v.device_uuid}@{v.observed_at:%H:%M:%S} {v.evidence[:80]}")
+    ttd: dict[str, list[float]] = defaultdict(list)
+    missed = []
+    for f in faults:
+        if f.fault_id in first:
+            ttd[f.kind].append(max(0.0, (first[f.fault_id] - f.start).total_seconds()))
+        else:
+            missed.append(f.fault_id)
+    false_isolations = 0
+    latency = []
+    verdict_latency = []
+    actions: dict[str, int] = defaultdict(int)
+    refusals: dict[str, int] = defaultdict(int)
+    for d in decisions:
+        if d.outcome is DecisionOutcome.REFUSED:
+            refusals[d.reason] += 1
+            continue
+        actions[d.action] += 1
+        if d.action == "restore":
+            continue
+        if not touching(d.target, d.decided_at):
+            false_isolations += 1
+        appended = command_appended.get(d.command_id) if d.command_id else None
+        if d.reason == "hard_fault" and appended and d.cause_appended_at:
+            latency.append((appended - d.cause_appended_at).total_seconds())
+            judged = (verdict_appended or {}).get(d.verdict_id) if d.verdict_id else None
+            if judged is not None:
+                verdict_latency.append((judged - d.cause_appended_at).total_seconds())
+    devices = {v.device_uuid for v in verdicts}
+    return FaultScore(
+        precision=true_detections / len(episodes) if episodes else 1.0,
+        recall=(len(faults) - len(missed)) / len(faults) if faults else 1.0,
+        detections=len(episodes),
+        true_detections=true_detections,
+        faults=len(faults),
+        detected=len(faults) - len(missed),
+        false_isolations=false_isolations,
+        device_days=len(devices) * observed_s / 86400.0,
+        ttd_s=dict(ttd),
+        missed=missed,
+        false_detections=false_detections,
+        isolation_latency_s=latency,
+        verdict_latency_s=verdict_latency,
+        actions=dict(actions),
+        refusals=dict(refusals),
+    )

@@ -1,0 +1,241 @@
+"""Health and isolation processors: thin adapters around the pure detector and ladder.
+
+``health.detect`` reads accelerator, node-health and serving telemetry (all
+keyed by node, so one worker sees every signal of the nodes it owns), feeds
+:class:`~models.health.HealthDetector` and publishes verdicts. ``health.isolate``
+reads every verdict (one partition: its guardrail is fleet-wide), steps the
+:class:`~controllers.isolation.IsolationLadder`, and publishes one decision
+per step, plus a signed route command when the step is allowed and a signing
+key is configured (advisory otherwise: the decision says what would have been
+sent). A one-second timer lets dwell times and probations run out.
+
+Both keep their model state in memory; a restarted worker relearns it (the
+cohorts within a minute, a device's history over its next samples).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import faust
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controllers.clock import EventClock
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision
+from models.health import HealthConfig, HealthDetector
+from schemas.codec import DecodeError, decode, encode
+from schemas.commands import RouteCommand, Target
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
+from schemas.signing import sign
+from schemas.topics import ACCELERATOR, DECISIONS, NODE_HEALTH, ROUTE_COMMANDS, SERVING, VERDICTS
+from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
+
+log = logging.getLogger(__name__)
+CONTROLLER = "isolation"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthWiring:
+    """What the health processors need besides the app."""
+
+    topic_prefix: str = ""
+    signing_key: tuple[str, bytes] | None = None  # None: advisory, decisions only
+    issuer: str = "isolation-controller"
+    command_ttl_s: float = 60.0
+    batch_within_s: float = 0.05
+    detector: HealthConfig = field(default_factory=HealthConfig)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
+    guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
+
+
+class HealthMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.verdicts = Counter(
+            "fleetloop_verdicts_total", "Verdicts published, by status", ["status"],
+            registry=registry,
+        )  # fmt: skip
+        self.scoring = Histogram(
+            "fleetloop_model_scoring_seconds",
+            "Time to score and learn one event in an online model",
+            ["model"],
+            buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2),
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "fleetloop_health_skipped_total",
+            "Messages the health processor could not decode (ingest dead-letters them)",
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "fleetloop_decisions_total",
+            "Controller decisions, by controller, outcome and reason",
+            ["controller", "outcome", "reason"],
+            registry=registry,
+        )
+        self.commands = Counter(
+            "fleetloop_commands_issued_total",
+            "Commands the controllers sent, by type and action",
+            ["command_type", "action"],
+            registry=registry,
+        )
+        self.isolated = Gauge(
+            "fleetloop_isolated_devices", "Devices the guardrail counts as isolated now",
+            registry=registry,
+        )  # fmt: skip
+        self.devices = Gauge(
+            "fleetloop_health_devices", "Devices the health detector tracks", registry=registry
+        )
+        for status in HealthStatus:
+            self.verdicts.labels(status.value)
+        for outcome in DecisionOutcome:
+            for reason in REASONS:
+                self.decisions.labels(CONTROLLER, outcome.value, reason)
+
+
+def add_health(app: faust.App, wiring: HealthWiring, registry: CollectorRegistry) -> None:
+    """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``."""
+    m = HealthMetrics(registry)
+    _add_detector(app, wiring, m)
+    _add_isolation(app, wiring, m)
+
+
+def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
+    detector = HealthDetector(w.detector)
+    names = [w.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
+    source = app.topic(*names, value_type=bytes, key_type=bytes)
+    verdicts = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    kinds: dict[str, tuple[type[Any], Callable[..., list[Verdict]], Any]] = {
+        names[0]: (AcceleratorTelemetry, detector.accelerator, m.scoring.labels("health_device")),
+        names[1]: (NodeHealth, detector.heartbeat, m.scoring.labels("health_node")),
+        names[2]: (ServingMetrics, detector.serving, m.scoring.labels("health_peers")),
+    }
+    by_status = {s: m.verdicts.labels(s.value) for s in HealthStatus}
+
+    async def detect(stream: Any) -> None:
+        async for events in stream.take_events(5_000, within=w.batch_within_s):
+            out: list[Verdict] = []
+            newest: datetime | None = None
+            received = time.monotonic()
+            for e in events:
+                value_type, step, timer = kinds[e.message.topic]
+                try:
+                    value = decode(e.message.value, value_type)
+                except DecodeError:
+                    m.skipped.inc()
+                    continue
+                appended = datetime.fromtimestamp(e.message.timestamp, UTC)
+                started = time.perf_counter()
+                source = (e.message.topic, e.message.partition)
+                out += step(value, appended_at=appended, received_s=received, source=source)
+                timer.observe(time.perf_counter() - started)
+                newest = value.observed_at if newest is None else max(newest, value.observed_at)
+            if newest is not None:
+                out += detector.tick(newest, wall_s=time.monotonic())
+            for v in out:
+                await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
+                by_status[v.status].inc()
+            m.devices.set(len(detector.devices))
+
+    detect.__name__ = detect.__qualname__ = "health.detect"
+    app.agent(source, name="health.detect", concurrency=1)(detect)
+
+
+def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
+    ladder = IsolationLadder(w.ladder, Guardrail(w.guardrail, devices={}))
+    clock = EventClock()
+    source = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    commands = app.topic(w.topic_prefix + ROUTE_COMMANDS.name, value_type=bytes, key_type=bytes)
+    decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
+
+    async def publish(steps: list[LadderDecision], now: datetime) -> None:
+        for step in steps:
+            decision, command = decide(step, now, w)
+            if command is not None:
+                await commands.send(key=ROUTE_COMMANDS.key_for(command), value=encode(command))
+                m.commands.labels("RouteCommand", step.action.value).inc()
+            await decisions.send(key=DECISIONS.key_for(decision), value=encode(decision))
+            m.decisions.labels(CONTROLLER, decision.outcome.value, decision.reason).inc()
+        m.isolated.set(len(ladder.guard.state.isolated))
+
+    async def isolate(stream: Any) -> None:
+        async for events in stream.take_events(1_000, within=w.batch_within_s):
+            for e in events:
+                try:
+                    v = decode(e.message.value, Verdict)
+                except DecodeError:
+                    m.skipped.inc()
+                    continue
+                clock.observe(v.observed_at, time.monotonic())
+                now = clock.now(time.monotonic())
+                await publish(ladder.verdict(v, now=now), now)
+
+    async def ladder_tick() -> None:
+        if clock.started:
+            now = clock.now(time.monotonic())
+            await publish(ladder.tick(now), now)
+
+    isolate.__name__ = isolate.__qualname__ = "health.isolate"
+    app.agent(source, name="health.isolate", concurrency=1)(isolate)
+    app.timer(interval=1.0, name="health.ladder_tick")(ladder_tick)
+
+
+def decide(
+    step: LadderDecision, now: datetime, w: HealthWiring
+) -> tuple[Decision, RouteCommand | None]:
+    """One ladder step -> its decision record and, when allowed and keyed, its command."""
+    v = step.verdict
+    decision_id = uuid.uuid4()
+    command: RouteCommand | None = None
+    if not step.allowed:
+        outcome = DecisionOutcome.REFUSED
+    elif w.signing_key is None:
+        outcome = DecisionOutcome.ADVISORY
+    else:
+        outcome = DecisionOutcome.ISSUED
+        kid, key = w.signing_key
+        command = sign(
+            RouteCommand(
+                command_id=uuid.uuid4(),
+                issued_at=now,
+                expires_at=now + timedelta(seconds=w.command_ttl_s),
+                issuer=w.issuer,
+                target=Target(device_uuid=step.device_uuid),
+                reason=step.reason,
+                message=step.message,
+                cause_event_id=v.cause_event_id,
+                cause_observed_at=v.observed_at,
+                decision_id=decision_id,
+                action=step.action,
+                weight_ratio=step.weight_ratio,
+            ),
+            key_id=kid,
+            key=key,
+        )
+    decision = Decision(
+        decision_id=decision_id,
+        decided_at=now,
+        controller=CONTROLLER,
+        target=step.device_uuid,
+        pool=v.pool,
+        rack_id=v.rack_id,
+        action=step.action.value,
+        outcome=outcome,
+        reason=step.reason,
+        message=step.message,
+        verdict_id=v.verdict_id,
+        verdict_status=v.status,
+        command_id=None if command is None else command.command_id,
+        cause_event_id=v.cause_event_id,
+        cause_observed_at=v.observed_at,
+        cause_appended_at=v.cause_appended_at,
+        desired=float(step.rung),
+        applied=float(step.rung) if step.allowed else None,
+    )
+    return decision, command
