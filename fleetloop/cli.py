@@ -264,10 +264,14 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
     if args.out:
         write_results(scored, Path(args.out), "fleetloop")
     result = score_corpus(scored, windows)
+    # the baseline, measured in the same run on the same files
+    baseline = score_corpus(run_detector(corpus, "windowed_gaussian"), windows)
+    result["baseline_windowed_gaussian"] = baseline["score_standard"]
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print(format_nab(f"fleetloop's stream scorer on {args.dir}", result))
+        print(f"windowed Gaussian baseline on the same files: {baseline['score_standard']}")
     return 0
 
 

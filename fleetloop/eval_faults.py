@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,16 +102,19 @@ def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore
     procs = {}
     try:
         asyncio.run(ensure_topics(bootstrap, prefix=prefix))
-        worker_url = f"http://127.0.0.1:{(worker_port := free_port())}"
-        procs["worker"] = spawn(
-            "worker",
-            ["worker", "--web-port", str(worker_port), "--app-id", f"eval-{run_id}",
-             "--clickhouse-dir", str(home / "clickhouse"), "--worker-dir", str(home / "faust"),
-             "--topic-prefix", prefix, "--batch-within-s", "0.5"],
-            env,
-            log_dir=home,
-        )  # fmt: skip
-        wait_for(lambda: get_json(worker_url + "/healthz"), procs, "the worker", 120)
+        # two workers, as deployed: one owns ClickHouse, one judges health and isolates
+        for role in ("ingest", "health"):
+            url = f"http://127.0.0.1:{(port := free_port())}"
+            procs[role] = spawn(
+                role,
+                ["worker", "--processors", role, "--web-port", str(port),
+                 "--app-id", f"eval-{run_id}-{role}", "--topic-prefix", prefix,
+                 "--clickhouse-dir", str(home / "clickhouse"),
+                 "--worker-dir", str(home / f"faust-{role}"), "--batch-within-s", "0.5"],
+                env,
+                log_dir=home,
+            )  # fmt: skip
+            wait_for(partial(get_json, url + "/healthz"), procs, f"the {role} worker", 120)
         sim_port = free_port()
         procs["sim"] = spawn(
             "sim",
@@ -131,8 +135,9 @@ def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore
         while procs["sim"].poll() is None:
             if time.monotonic() - started > budget_s:
                 raise RuntimeError(f"the simulator ran past {budget_s:.0f}s (see {home}/sim.log)")
-            if procs["worker"].poll() is not None:
-                raise RuntimeError(f"the worker exited (see {home}/worker.log)")
+            for role in ("ingest", "health"):
+                if procs[role].poll() is not None:
+                    raise RuntimeError(f"the {role} worker exited (see {home}/{role}.log)")
             time.sleep(1.0)
         if procs["sim"].returncode != 0:
             raise RuntimeError(f"the simulator failed (see {home}/sim.log)")
@@ -153,6 +158,9 @@ def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore
     appended = {
         decode(raw, RouteCommand).command_id: at for raw, at in messages[ROUTE_COMMANDS.name]
     }
+    with (home / "decisions.jsonl").open("w") as f:  # for a closer look after the run
+        for d in decisions:
+            f.write(d.model_dump_json() + "\n")
     layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts}
     truth = [json.loads(line) for line in (home / "truth.jsonl").read_text().splitlines()]
     return score(

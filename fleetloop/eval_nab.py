@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from models.nab import STANDARD, SweptFile, best_threshold, file_score, normalised, sweep
-from models.univariate import StreamScorer
+from models.univariate import StreamScorer, WindowedGaussian
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +74,15 @@ def read_results(results: Path, detector: str, corpus: list[Series]) -> list[Ser
     return out
 
 
-def run_detector(corpus: list[Series]) -> list[Series]:
+DETECTORS = {"fleetloop": StreamScorer, "windowed_gaussian": WindowedGaussian}
+
+
+def run_detector(corpus: list[Series], detector: str = "fleetloop") -> list[Series]:
+    """Stream every series through a fresh ``detector`` (each score sees only the past)."""
     out = []
     for s in corpus:
-        scorer = StreamScorer()
-        scores = [scorer.score_one(v) for v in s.values]
+        scorer = DETECTORS[detector]()
+        scores = [scorer.score_one(v, t) for t, v in zip(s.timestamps, s.values, strict=True)]
         out.append(Series(s.name, s.timestamps, s.values, scores))
     return out
 

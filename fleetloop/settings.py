@@ -186,5 +186,13 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)
     lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")
-    health: bool = Field(True, description="run health detection and the isolation ladder")
+    processors: str = Field(
+        "ingest,health",
+        pattern=r"^(ingest|health)(,(ingest|health))?$",
+        description="what this worker runs: ingest (owns ClickHouse), health, or both",
+    )
     command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
+
+    @property
+    def roles(self) -> set[str]:
+        return set(self.processors.split(","))

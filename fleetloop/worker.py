@@ -31,7 +31,7 @@ def tune_gc() -> None:
 
 
 def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
-    if not settings.health:
+    if "health" not in settings.roles:
         return None
     key = settings.signing_key() if settings.command_keys is not None else None
     if key is None:
@@ -43,12 +43,14 @@ def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
 
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     """Run one stream worker until SIGTERM/SIGINT."""
-    store = open_store(
-        url=settings.clickhouse_server_url,
-        data_dir=settings.clickhouse_dir,
-        database=settings.clickhouse_database,
-    )
-    store.apply_schema()
+    store = None
+    if "ingest" in settings.roles:
+        store = open_store(
+            url=settings.clickhouse_server_url,
+            data_dir=settings.clickhouse_dir,
+            database=settings.clickhouse_database,
+        )
+        store.apply_schema()
     asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
     config = WorkerConfig(
         app_id=settings.app_id,
@@ -73,4 +75,5 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     try:
         worker.execute_from_commandline()
     finally:
-        store.close()
+        if store is not None:
+            store.close()

@@ -235,6 +235,10 @@ class HealthDetector:
             return []
         c, t = self.config, m.observed_at.timestamp()
         self.now_s = max(self.now_s, t)
+        if t - d.tpot_seen_s > c.tpot_stale_s:
+            # back from a drain (or a long idle): judge it afresh, on what it does from now
+            d.tpot_n, d.tpot_fast = 0, 0.0
+            d.since.pop("tpot_vs_peers_log", None)
         rps = m.requests / m.interval_s
         d.rps = rps if d.tpot_n == 0 else d.rps + c.fast_alpha * (rps - d.rps)
         band = round(math.log(max(d.rps, 1e-3)) / LOAD_BAND_BASE)

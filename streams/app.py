@@ -108,12 +108,17 @@ def fail_stop(processor: str, exc: BaseException) -> NoReturn:
 
 def create_app(
     config: WorkerConfig,
-    store: ClickHouseStore,
+    store: ClickHouseStore | None,
     registry: CollectorRegistry | None = None,
     *,
     on_fatal: Callable[[str, BaseException], None] = fail_stop,
 ) -> faust.App:
-    """Build the faust app with its processors and web pages."""
+    """Build the faust app with its processors and web pages.
+
+    With a ``store``, the worker ingests every topic into ClickHouse and serves its
+    questions; with ``config.health``, it runs health detection and isolation. A worker
+    may do either or both (run them apart so a slow insert never delays an isolation).
+    """
     registry = registry or CollectorRegistry()
     app = faust.App(
         config.app_id,
@@ -133,21 +138,25 @@ def create_app(
         producer_acks=-1,
         topic_allow_declare=False,
     )
-    sink = ClickHouseSink(store, registry=registry)
     metrics = IngestMetrics(registry)
+    sources: list[TopicSpec] = []
+    if store is not None:
+        sink = ClickHouseSink(store, registry=registry)
 
-    async def _moved(sender: Any, revoked: set[Any], **_: Any) -> None:
-        # Another worker may write these partitions now: reload their marks if they return.
-        sink.marks.forget((tp.topic, tp.partition) for tp in revoked)
+        async def _moved(sender: Any, revoked: set[Any], **_: Any) -> None:
+            # Another worker may write these partitions now: reload their marks if they return.
+            sink.marks.forget((tp.topic, tp.partition) for tp in revoked)
 
-    cast(Any, app.on_partitions_revoked).connect(_moved)
-
-    for spec in INGESTED_TOPICS:
-        _add_ingest(app, config, spec, sink, metrics, on_fatal)
+        cast(Any, app.on_partitions_revoked).connect(_moved)
+        for spec in INGESTED_TOPICS:
+            _add_ingest(app, config, spec, sink, metrics, on_fatal)
+        sources += INGESTED_TOPICS
     if config.health is not None:
-        add_health(app, config.health, registry)
-    _add_lag_timer(app, config, metrics)
-    _add_pages(app, store, registry)
+        sources += [s for s in add_health(app, config.health, registry) if s not in sources]
+    _add_lag_timer(app, config, metrics, sources)
+    _add_metrics_pages(app, store, registry)
+    if store is not None:
+        _add_clickhouse_pages(app, store)
     return app
 
 
@@ -208,8 +217,10 @@ def _add_ingest(
     app.agent(source, name=processor, concurrency=1)(ingest)
 
 
-def _add_lag_timer(app: faust.App, config: WorkerConfig, m: IngestMetrics) -> None:
-    topics = [config.topic_prefix + spec.name for spec in INGESTED_TOPICS]
+def _add_lag_timer(
+    app: faust.App, config: WorkerConfig, m: IngestMetrics, sources: list[TopicSpec]
+) -> None:
+    topics = [config.topic_prefix + spec.name for spec in sources]
 
     async def consumer_lag() -> None:
         try:
@@ -224,7 +235,9 @@ def _add_lag_timer(app: faust.App, config: WorkerConfig, m: IngestMetrics) -> No
     app.timer(interval=config.lag_interval_s, name="consumer_lag")(consumer_lag)
 
 
-def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegistry) -> None:
+def _add_metrics_pages(
+    app: faust.App, store: ClickHouseStore | None, registry: CollectorRegistry
+) -> None:
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         # aiohttp wants the charset apart from the media type
@@ -233,13 +246,17 @@ def _add_pages(app: faust.App, store: ClickHouseStore, registry: CollectorRegist
 
     @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
-        """200 when ClickHouse answers; 503 with the reason otherwise."""
+        """200 when ClickHouse answers (or this worker needs none); 503 with the reason."""
+        if store is None:
+            return web.json({"status": "ok", "clickhouse": "not used by this worker"})
         try:
             await asyncio.wait_for(store.run(store.query, "SELECT 1"), timeout=5.0)
         except Exception as exc:
             return web.json({"status": "unhealthy", "clickhouse": repr(exc)[:500]}, status=503)
         return web.json({"status": "ok", "clickhouse": "ok"})
 
+
+def _add_clickhouse_pages(app: faust.App, store: ClickHouseStore) -> None:
     dashboards = load_dashboards()  # read once; each request only runs the panels
 
     @app.page("/dashboards")

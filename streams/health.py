@@ -34,7 +34,15 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.commands import RouteCommand, Target
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.signing import sign
-from schemas.topics import ACCELERATOR, DECISIONS, NODE_HEALTH, ROUTE_COMMANDS, SERVING, VERDICTS
+from schemas.topics import (
+    ACCELERATOR,
+    DECISIONS,
+    NODE_HEALTH,
+    ROUTE_COMMANDS,
+    SERVING,
+    VERDICTS,
+    TopicSpec,
+)
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
 
 log = logging.getLogger(__name__)
@@ -99,11 +107,15 @@ class HealthMetrics:
                 self.decisions.labels(CONTROLLER, outcome.value, reason)
 
 
-def add_health(app: faust.App, wiring: HealthWiring, registry: CollectorRegistry) -> None:
-    """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``."""
+def add_health(
+    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry
+) -> list[TopicSpec]:
+    """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``;
+    returns the topics they read."""
     m = HealthMetrics(registry)
     _add_detector(app, wiring, m)
     _add_isolation(app, wiring, m)
+    return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]
 
 
 def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:

@@ -1,0 +1,147 @@
+"""NAB's scoring rules, checked on cases worked by hand, and the stream scorer's contract."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from fleetloop.cli import main
+from models.nab import (
+    STANDARD,
+    best_threshold,
+    file_score,
+    normalised,
+    probation_rows,
+    scaled_sigmoid,
+    sweep,
+)
+from models.univariate import StreamScorer, WindowedGaussian
+
+T0 = datetime(2024, 1, 1)
+
+
+def _times(n: int) -> list[datetime]:
+    return [T0 + timedelta(minutes=5 * i) for i in range(n)]
+
+
+def test_scaled_sigmoid_matches_the_documented_values() -> None:
+    assert scaled_sigmoid(-1.0) == pytest.approx(0.98661, abs=1e-5)  # window's left edge
+    assert scaled_sigmoid(-0.5) == pytest.approx(0.84828, abs=1e-5)
+    assert scaled_sigmoid(0.0) == 0.0  # its right edge
+    assert scaled_sigmoid(1.0) == pytest.approx(-0.98661, abs=1e-5)
+    assert scaled_sigmoid(3.0) == -1.0
+
+
+def test_probation_is_15_percent_capped_at_750_rows() -> None:
+    assert probation_rows(1000) == 150
+    assert probation_rows(10_000) == 750
+
+
+def test_false_positives_before_any_window_cost_the_full_fp_weight() -> None:
+    n = 1000
+    scores = [0.0] * n
+    scores[500] = scores[700] = 1.0
+    f = sweep("a.csv", _times(n), scores, [], STANDARD)
+    assert file_score(f, 0.5, STANDARD) == pytest.approx(-0.22)  # 2 x -0.11
+
+
+def test_earliest_detection_in_a_window_scores_and_a_missed_window_costs_fn() -> None:
+    n, t = 1000, _times(1000)
+    windows = [(t[400], t[499]), (t[700], t[799])]
+    scores = [0.0] * n
+    scores[400] = 1.0  # left edge of the first window: worth tp (1.0)
+    scores[450] = 0.8  # later in the same window: only the best counts
+    f = sweep("b.csv", t, scores, windows, STANDARD)
+    assert f.windows == 2
+    assert file_score(f, 0.5, STANDARD) == pytest.approx(1.0 - 1.0)  # tp, then fn for window 2
+    # a detection just past a window costs less than one far away
+    near, far = [0.0] * n, [0.0] * n
+    near[502], far[650] = 1.0, 1.0
+    cost_near = file_score(sweep("c", t, near, windows, STANDARD), 0.5, STANDARD) + 2.0
+    cost_far = file_score(sweep("c", t, far, windows, STANDARD), 0.5, STANDARD) + 2.0
+    assert -0.11 < cost_far < cost_near < 0
+    assert cost_far == pytest.approx(0.11 * scaled_sigmoid(151 / 99))  # 1.5 widths past
+
+
+def test_probation_rows_and_windows_inside_them_do_not_count() -> None:
+    n, t = 1000, _times(1000)
+    scores = [0.0] * n
+    scores[10] = 1.0  # in probation: neither a detection nor a false positive
+    f = sweep("d.csv", t, scores, [(t[5], t[20])], STANDARD)
+    assert f.windows == 0 and file_score(f, 0.5, STANDARD) == 0.0
+
+
+def test_one_threshold_for_the_corpus_chosen_exactly() -> None:
+    n, t = 1000, _times(1000)
+    a = [0.0] * n
+    a[400] = 0.9  # a true detection at 0.9
+    b = [0.0] * n
+    b[600] = 0.95  # a false positive at 0.95, in a file without windows
+    files = [sweep("a", t, a, [(t[400], t[499])], STANDARD), sweep("b", t, b, [], STANDARD)]
+    threshold, raw = best_threshold(files, STANDARD)
+    assert threshold == 0.9  # taking the FP (-0.11) to gain the TP (+2 over missing it)
+    assert raw == pytest.approx(1.0 - 0.11)
+    assert normalised(raw, files, STANDARD) == pytest.approx(100 * (0.89 + 1) / 2)
+    assert normalised(-1.0, files, STANDARD) == 0.0  # the null detector
+    assert normalised(1.0, files, STANDARD) == 100.0  # the perfect one
+
+
+def test_stream_scorer_scores_before_learning_and_finds_a_level_shift() -> None:
+    rng = random.Random(3)
+    values = [10.0 + rng.gauss(0, 0.5) + (4.0 if i >= 2500 else 0.0) for i in range(3000)]
+    scorer, again = StreamScorer(), StreamScorer()
+    scores = [scorer.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
+    assert scores == [again.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
+    assert scores[0] == 0.0 and all(0.0 <= s <= 1.0 for s in scores)
+    assert max(scores[2500:2510]) > 0.99
+    assert max(scores[1000:2490]) < max(scores[2500:2510])
+    assert scorer.score_one(math.nan) == 0.0 and scorer.score_one(math.inf) == 0.0
+    baseline = WindowedGaussian()
+    assert max(baseline.score_one(v) for v in values) > 0.99
+
+
+def _corpus(root: Path) -> None:
+    rng = random.Random(7)
+    t = _times(2000)
+    (root / "data" / "cat").mkdir(parents=True)
+    labels = {}
+    for name, spike in (("one.csv", 1500), ("two.csv", None)):
+        rows = ["timestamp,value"]
+        for i, at in enumerate(t):
+            v = 5.0 + rng.gauss(0, 0.2) + (2.0 if spike and spike <= i < spike + 30 else 0.0)
+            rows.append(f"{at:%Y-%m-%d %H:%M:%S},{v:.3f}")
+        (root / "data" / "cat" / name).write_text("\n".join(rows) + "\n")
+        labels[f"cat/{name}"] = (
+            [[f"{t[1450]:%Y-%m-%d %H:%M:%S}.000000", f"{t[1550]:%Y-%m-%d %H:%M:%S}.000000"]]
+            if spike
+            else []
+        )
+    (root / "labels").mkdir()
+    (root / "labels" / "combined_windows.json").write_text(json.dumps(labels))
+
+
+def test_eval_nab_runs_scores_writes_and_rescores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _corpus(tmp_path / "nab")
+    out = tmp_path / "results"
+    assert main(["eval", "nab", str(tmp_path / "nab"), "--json", "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["per_file"]) == {"cat/one.csv", "cat/two.csv"}
+    assert result["score_standard"] > 50  # the one level shift is found early in its window
+    assert "baseline_windowed_gaussian" in result
+    assert (out / "fleetloop" / "cat" / "fleetloop_one.csv").is_file()
+    assert main(["eval", "nab", str(tmp_path / "nab"), "--score-only", str(out), "--json"]) == 0
+    rescored = json.loads(capsys.readouterr().out)["fleetloop"]
+    assert rescored["per_file"] == result["per_file"]
+    assert rescored["score_standard"] == result["score_standard"]
+
+
+def test_eval_nab_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="combined_windows"):
+        main(["eval", "nab", str(tmp_path)])
