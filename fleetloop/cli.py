@@ -229,10 +229,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_faults(args: argparse.Namespace) -> int:
-    from fleetloop.eval_faults import EvalRun, format_score, run_eval_faults
+    from fleetloop.eval_faults import EvalRun, format_score, run_eval_faults, run_in_process
 
     run = EvalRun(Path(args.scenario), speed=args.speed, nodes=args.nodes)
-    summary = run_eval_faults(_settings(BrokerSettings, args), run).summary()
+    if args.in_process:
+        summary = run_in_process(run).summary()
+    else:
+        summary = run_eval_faults(_settings(BrokerSettings, args), run).summary()
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
@@ -362,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s")
     faults.add_argument("--nodes", type=int, help="override the scenario's node count")
     faults.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    faults.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the same steps in one process on the simulated clock: no Kafka, no latency",
+    )
     faults.set_defaults(func=_cmd_eval_faults)
     nab = evals.add_parser("nab", help="the online stream scorer on a NAB-layout corpus")
     nab.add_argument("dir", help="corpus: data/<category>/*.csv and labels/combined_windows.json")

@@ -1,19 +1,22 @@
 """`fleetloop demo`: the closed loop, live, on embedded defaults.
 
 Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one) and creates the
-topics; starts a stream worker (which owns the embedded ClickHouse) and the
-simulated fleet with its node, router and warmer executors (`fleetloop sim`
-on ``scenarios/demo.yaml``), each as its own process. Then it plays the part
-the controllers will take (issues 4 to 6), reading only ClickHouse and
-acting only through signed commands on Kafka:
+topics; starts a stream worker (which owns the embedded ClickHouse, judges
+health and runs the isolation ladder) and the simulated fleet with its node,
+router and warmer executors (`fleetloop sim` on ``scenarios/demo.yaml``),
+each as its own process. The health processor finds the grey-failing device
+and walks it down the ladder (de-weight, stop new sessions, drain) and
+quarantines the device whose ECC storm ends in a double-bit fault. Beside it,
+a scripted operator plays the part the warming controller will take (issue 5),
+reading only ClickHouse and acting only through signed commands on Kafka:
 
 - demand for a model loaded nowhere shows up -> warm it on a pool;
-- a device reports a double-bit ECC fault -> quarantine it (and replay the
-  command, which is answered ``duplicate``);
+- the controller's quarantine, replayed byte for byte -> ``duplicate``;
 - a forged and an expired command, which the executors refuse with a result.
 
 It ends with what ClickHouse holds: rows per table, every command with its
-result, the quarantined device going idle, the cold model starting to serve.
+result, the controller's decisions and the verdicts behind them, the
+quarantined device going idle, the cold model starting to serve.
 A per-run HMAC key is generated unless ``FLEETLOOP_COMMAND_KEYS`` is set.
 """
 
@@ -38,13 +41,12 @@ from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.report import run_report
 from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings
 from fleetloop.sqlclient import format_table, run_query
-from fleetloop.topics_admin import ensure_topics
+from fleetloop.topics_admin import ensure_topics, read_topic
 from schemas.base import Contract
-from schemas.codec import encode
+from schemas.codec import decode, encode
 from schemas.commands import RouteAction, RouteCommand, Target, WarmAction, WarmCommand
 from schemas.signing import sign
 from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, WARM_COMMANDS, TopicSpec
-from streams.report import as_utc
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
 DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
@@ -95,9 +97,22 @@ LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
            GROUP BY t) AS s USING t
 ORDER BY t
 """
-DBE_SQL = """
-SELECT device_uuid, toString(event_id), observed_at FROM {db}.accelerator_telemetry
-WHERE ingested_at >= {since} AND ecc_dbe_volatile_total > 0 ORDER BY observed_at LIMIT 1
+ISOLATED_SQL = """
+SELECT target, action, reason, substring(message, 1, 70), toString(command_id)
+FROM {db}.decisions WHERE ingested_at >= {since} AND outcome = 'issued'
+ORDER BY decided_at
+"""
+DECISIONS_SQL = """
+SELECT decided_at, target, action, outcome, reason, substring(message, 1, 60) AS message
+FROM {db}.decisions WHERE ingested_at >= {since} AND (outcome != 'refused' OR reason != 'pool_cap'
+   OR target IN (SELECT target FROM {db}.decisions WHERE outcome = 'issued'))
+ORDER BY decided_at LIMIT 40
+"""
+VERDICTS_SQL = """
+SELECT observed_at, status, previous_status AS was, score, substring(evidence, 1, 70) AS evidence
+FROM {db}.verdicts WHERE ingested_at >= {since} AND device_uuid = '{device}'
+  AND status != previous_status
+ORDER BY observed_at
 """
 COLD_DEMAND_SQL = """
 SELECT model, region, sum(requests) FROM {db}.demand WHERE ingested_at >= {since}
@@ -166,6 +181,16 @@ class Operator:
             cause_observed_at=None if cause is None else cause[1],
         )
         return sign(command, key_id=self.kid, key=key or self.key)
+
+    def replay(self, command_id: uuid.UUID) -> bool:
+        """Publish a command already on the topic again, byte for byte (a replay)."""
+        topic = self.s.topic_prefix + ROUTE_COMMANDS.name
+        for raw, _at in asyncio.run(read_topic(self.s.kafka_bootstrap, topic)):
+            if decode(raw, RouteCommand).command_id == command_id:
+                self.send([], raw=((ROUTE_COMMANDS.name, raw),))
+                self.sent += 1
+                return True
+        return False
 
     def warm(self, model: str, pool: str, replicas: int) -> WarmCommand:
         now = self.sim_now()
@@ -279,7 +304,8 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
     )
     op.send([(ROUTE_COMMANDS, forged), (ROUTE_COMMANDS, expired)], raw=MALFORMED)
     print("[demo] sent a forged and an expired command, and 3 malformed telemetry messages")
-    warmed = quarantined = False
+    warmed, replayed = False, False
+    seen: set[tuple[str, str]] = set()
     deadline = time.monotonic() + budget_s
     while procs["sim"].poll() is None and time.monotonic() < deadline:
         if not warmed and (cold := op.query(COLD_DEMAND_SQL)):
@@ -290,15 +316,15 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
                 f"warm 2 replicas on {region}-h100"
             )
             warmed = True
-        if not quarantined and (dbe := op.query(DBE_SQL)):
-            device, event_id, observed_at = dbe[0]
-            device = str(device)
-            cause = (uuid.UUID(str(event_id)), as_utc(observed_at))
-            q = op.route(device, RouteAction.QUARANTINE, "double_bit_ecc", cause=cause)
-            op.send([(ROUTE_COMMANDS, q), (ROUTE_COMMANDS, q)])  # the second is a replay
-            print(f"[demo] {device} reported a double-bit ECC fault: quarantine it (sent twice)")
-            quarantined = True
-            op.quarantined = device
+        for target, action, reason, message, command_id in op.query(ISOLATED_SQL):
+            if (str(target), str(action)) in seen:
+                continue
+            seen.add((str(target), str(action)))
+            print(f"[demo] isolation controller: {action} {target} ({reason}: {message})")
+            if action == "quarantine" and reason == "hard_fault" and not replayed:
+                op.quarantined = str(target)
+                replayed = op.replay(uuid.UUID(str(command_id)))
+                print("[demo] replayed that quarantine's exact bytes: the executor must dedupe")
         time.sleep(1.0)
     procs["sim"].wait(timeout=60)
     print(f"[demo] the simulator finished; {op.sent} commands sent")
@@ -310,7 +336,7 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
         db = settings.clickhouse_database
         print(format_table(run_query(settings, sql.format(db=db, since=op.since, **fmt))))
 
-    expected = op.sent
+    expected = op.sent + len(op.query(ISOLATED_SQL))
     for _ in range(60):  # let the worker catch up with the last results
         rows = op.query("SELECT count() FROM {db}.command_results WHERE ingested_at >= {since}")
         if int(str(rows[0][0])) >= expected:
@@ -318,7 +344,9 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
         time.sleep(1)
     table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
     table("every command and its result", RESULTS_SQL)
+    table("the isolation controller's decisions (and the guardrail's refusals)", DECISIONS_SQL)
     if op.quarantined:
+        table(f"{op.quarantined}: its health verdicts", VERDICTS_SQL, device=op.quarantined)
         table(
             f"{op.quarantined}: ECC storm, double-bit fault, quarantine",
             DEVICE_SQL,

@@ -1,5 +1,11 @@
 """`fleetloop eval faults`: the whole pipeline against a scenario's injected faults.
 
+``--in-process`` runs the same pure steps (detector, ladder, guardrail, the
+executors acting on the simulated fleet) in one process on the simulated
+clock instead: deterministic and quick, but without Kafka there is no
+event-to-isolation latency to measure.
+
+
 Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one), a stream
 worker (ingest, health detection, the isolation ladder signing real commands)
 and the simulated fleet with its executors, each in its own process, on topics
@@ -13,30 +19,39 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import CollectorRegistry
 
+from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
+from agents.sim.simulation import Simulation
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import IsolationLadder, LadderConfig, LadderDecision
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.settings import BrokerSettings
-from fleetloop.topics_admin import ensure_topics
+from fleetloop.sim import build_host
+from fleetloop.topics_admin import ensure_topics, read_topic
 from models.fault_scoring import FaultScore, faults_from_truth, score
+from models.health import HealthDetector
 from schemas.codec import decode
 from schemas.commands import RouteCommand
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import DECISIONS, ROUTE_COMMANDS, VERDICTS
 from schemas.verdicts import Decision, Verdict
+from streams.health import HealthWiring, decide
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,37 +60,6 @@ class EvalRun:
     speed: float = 5.0
     nodes: int | None = None
     home: Path = Path("var/eval")
-
-
-async def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, datetime]]:
-    """Every message on ``topic`` now, with its broker timestamp (oldest first per partition)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        [described] = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for p in described.get("partitions", [])]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    out: list[tuple[bytes, datetime]] = []
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-
-        async def behind() -> bool:
-            return any([await consumer.position(tp) < end[tp] for tp in tps])
-
-        while await behind():
-            batches = await consumer.getmany(*tps, timeout_ms=1000, max_records=10_000)
-            for records in batches.values():
-                for r in records:
-                    at = datetime.fromtimestamp(r.timestamp / 1000.0, UTC)
-                    out.append((bytes(r.value or b""), at))
-    finally:
-        await consumer.stop()
-    return out
 
 
 def _say(message: str) -> None:
@@ -170,6 +154,52 @@ def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore
         appended,
         judged,
         observed_s=scenario.duration_s,
+    )
+
+
+def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
+    """The closed loop without Kafka: every step's events through the detector, each
+    verdict through the ladder, each allowed step signed and handled by the executors."""
+    scenario = load_scenario(run.scenario)
+    if scenario.duration_s is None:
+        raise ValueError(f"{run.scenario}: an evaluation needs a scenario with duration_s")
+    sim = Simulation(scenario, start=datetime(2026, 1, 1, tzinfo=UTC), nodes=run.nodes, seed=seed)
+    key = ("eval", secrets.token_bytes(24))
+    logging.getLogger("agents.executors").setLevel(logging.WARNING)  # a line per command
+    host = build_host(SimControl(sim.fleet), {key[0]: key[1]}, CollectorRegistry())
+    detector = HealthDetector()
+    ladder = IsolationLadder(LadderConfig(), Guardrail(GuardrailConfig(), devices={}))
+    wiring = HealthWiring(signing_key=key)
+    verdicts: list[Verdict] = []
+    decisions: list[Decision] = []
+
+    def act(steps: list[LadderDecision]) -> None:
+        for step in steps:
+            decision, command = decide(step, sim.now, wiring)
+            decisions.append(decision)
+            if command is not None:
+                host.handle(command, now=sim.now, received_at=sim.now)
+
+    steps: dict[type[object], Callable[..., list[Verdict]]] = {
+        AcceleratorTelemetry: detector.accelerator,
+        ServingMetrics: detector.serving,
+        NodeHealth: detector.heartbeat,
+    }
+    for n in range(sim.ticks or 0):
+        out: list[Verdict] = []
+        for _spec, event in sim.tick(n):
+            step = steps.get(type(event))
+            if step is not None:
+                out += step(event)
+        out += detector.tick(sim.now)
+        verdicts += out
+        for v in out:
+            act(ladder.verdict(v, now=sim.now))
+        act(ladder.tick(sim.now))
+    truth = json.loads(json.dumps(sim.faults.truth(sim.fleet.start)))
+    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts}
+    return score(
+        faults_from_truth(truth, layout), verdicts, decisions, {}, observed_s=scenario.duration_s
     )
 
 

@@ -1,7 +1,11 @@
-"""Create the registry's topics (with their partition counts and configs) if missing."""
+"""Create the registry's topics (with their partition counts and configs) if missing;
+read a topic back whole (for evaluations and the demo's replay)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -42,3 +46,34 @@ async def ensure_topics(
         return created
     finally:
         await admin.close()
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, datetime]]:
+    """Every message on ``topic`` now, with its broker timestamp (oldest first per partition)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [described] = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topic, p["partition"]) for p in described.get("partitions", [])]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[tuple[bytes, datetime]] = []
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < end[tp] for tp in tps])
+
+        while await behind():
+            batches = await consumer.getmany(*tps, timeout_ms=1000, max_records=10_000)
+            for records in batches.values():
+                for r in records:
+                    at = datetime.fromtimestamp(r.timestamp / 1000.0, UTC)
+                    out.append((bytes(r.value or b""), at))
+    finally:
+        await consumer.stop()
+    return out

@@ -34,8 +34,8 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   residual), the residual smoothed per device and compared with the cohort's
   residual spread; thermal clock-event reasons count as over.
 - ``tpot_vs_peers``: log TPOT (p50, scaled by the device's clock ratio) against
-  its cohort, model x accelerator type x load band (requests per second in
-  bands of 25%), smoothed per device and net of the device's own long-run
+  its cohort, model x accelerator type x load band (the batch it ran, in bands
+  of 25%), smoothed per device and net of the device's own long-run
   offset from its peers (its history), so a chip that always ran 3% slow is
   not news and one that became 15% slow is.
 - ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
@@ -130,7 +130,6 @@ class DeviceState:
     temp_resid: float = 0.0
     thermal_sigma: float = 0.0
     thermal_hot: bool = False
-    rps: float = 0.0
     tpot_fast: float = 0.0
     tpot_history: float = 0.0
     tpot_n: int = 0
@@ -239,9 +238,9 @@ class HealthDetector:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
             d.since.pop("tpot_vs_peers_log", None)
-        rps = m.requests / m.interval_s
-        d.rps = rps if d.tpot_n == 0 else d.rps + c.fast_alpha * (rps - d.rps)
-        band = round(math.log(max(d.rps, 1e-3)) / LOAD_BAND_BASE)
+        # the load band is the batch the replica ran: TPOT normalised for batch size, from the
+        # same sample (a smoothed request rate lags a shift of traffic and fakes slowness)
+        band = round(math.log(max(m.batch_size, 1)) / LOAD_BAND_BASE)
         key = (m.model, d.kind, band)
         x = math.log(m.tpot_p50_s * d.clock_ratio)
         peer = self.tpot_peers.score(key, x, device)  # score first, then learn

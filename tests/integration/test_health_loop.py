@@ -109,16 +109,17 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
     )
     assert "tpot_vs_peers" in evidence or "probe_slow" in evidence
 
-    # the executor applied every issued command, and the decision names its command
-    applied = worker.sql(
-        "SELECT d.target, d.action, r.status FROM fleetloop.decisions AS d "
-        "INNER JOIN fleetloop.command_results AS r ON r.command_id = d.command_id "
-        f"WHERE d.src_topic LIKE '{topic_prefix}%' AND r.src_topic LIKE '{topic_prefix}%'"
-    )
-    assert {(t, a) for t, a, s in applied if s == "applied"} >= {
-        (DBE, "quarantine"),
-        (grey, "drain"),
-    }
+    # the executor applied the issued commands, and each decision names its command
+    def applied() -> bool:
+        rows = worker.sql(
+            "SELECT d.target, d.action, r.status FROM fleetloop.decisions AS d "
+            "INNER JOIN fleetloop.command_results AS r ON r.command_id = d.command_id "
+            f"WHERE d.src_topic LIKE '{topic_prefix}%' AND r.src_topic LIKE '{topic_prefix}%'"
+        )
+        done = {(t, a) for t, a, s in rows if s == "applied"}
+        return done >= {(DBE, "quarantine"), (grey, "drain")}
+
+    until(applied, what="the executors' results for both", proc=sim, timeout_s=60)
     # nothing else was even proposed: no false positives on the 37 healthy devices
     others = worker.sql(
         f"SELECT DISTINCT target FROM fleetloop.decisions WHERE {where} "
