@@ -1,10 +1,13 @@
 """Event time that keeps moving when events stop.
 
 Controllers run on the events' clock (a replay or a simulator faster than real
-time decides as it would have live), but when events stop arriving, time must
-still pass, or fail-static guards could never notice the silence.
-:class:`EventClock` is the newest event time seen plus the wall time elapsed
-since it was seen. Pure: the caller passes both clocks.
+time decides as it would have live), but between events time must still pass,
+or dwell times and probations would only end when the next event happens to
+arrive, and fail-static guards could never notice a silence.
+:class:`EventClock` extrapolates from the newest event time seen, at the rate
+event time has been advancing against the wall clock (1 for a live fleet; the
+speed-up for a simulator or a replay), estimated from the events themselves.
+Pure: the caller passes both clocks.
 
 Example::
 
@@ -19,9 +22,13 @@ from datetime import datetime, timedelta
 
 
 class EventClock:
-    def __init__(self) -> None:
+    def __init__(self, *, min_gap_s: float = 0.5, alpha: float = 0.3) -> None:
         self._event: datetime | None = None
         self._wall_s = 0.0
+        self._anchor: tuple[datetime, float] | None = None  # last point the rate was taken at
+        self.rate = 1.0
+        self.min_gap_s = min_gap_s
+        self.alpha = alpha
 
     @property
     def started(self) -> bool:
@@ -29,10 +36,20 @@ class EventClock:
 
     def observe(self, event_at: datetime, wall_s: float) -> None:
         """An event observed at ``event_at`` arrived at monotonic ``wall_s``."""
+        if self._anchor is None:
+            self._anchor = (event_at, wall_s)
+        else:
+            gap = wall_s - self._anchor[1]
+            if gap >= self.min_gap_s:
+                sample = (event_at - self._anchor[0]).total_seconds() / gap
+                sample = min(max(sample, 0.1), 1000.0)
+                self.rate += self.alpha * (sample - self.rate)
+                self._anchor = (event_at, wall_s)
         if self._event is None or event_at > self.now(wall_s):
             self._event, self._wall_s = event_at, wall_s
 
     def now(self, wall_s: float) -> datetime:
         if self._event is None:
             raise RuntimeError("the event clock has seen no event yet")
-        return self._event + timedelta(seconds=max(0.0, wall_s - self._wall_s))
+        ahead = max(0.0, wall_s - self._wall_s) * self.rate
+        return self._event + timedelta(seconds=ahead)
