@@ -13,8 +13,9 @@ Three stages, each scored before it learns:
 2. **likelihood**: the raw scores' own distribution. The mean of the last
    ``short`` raw scores against the mean and spread of the last ``long``
    (Numenta's anomaly likelihood idea: a burst of surprise is anomalous, one
-   noisy point is not) gives a Gaussian tail probability ``p``; the
-   likelihood is ``1 - p``.
+   noisy point is not) gives a z-score; the likelihood is its Gaussian
+   ``1 - p``, and the output ``0.5 + 0.5 z / (1 + |z|)`` ranks the same way
+   without saturating at 1.0 in floating point.
 3. **refractory**: after an alarm (likelihood over ``alarm``) the output is
    damped for ``refractory`` points, so one anomaly is one detection.
 
@@ -93,13 +94,17 @@ class StreamScorer:
         mean = self.long_sum / k
         var = max(self.long_sq / k - mean * mean, 0.0)
         std = max(math.sqrt(var), 1e-3)
-        likelihood = 1.0 - 0.5 * math.erfc((short_mean - mean) / (std * math.sqrt(2.0)))
+        z = (short_mean - mean) / std
+        likelihood = 1.0 - 0.5 * math.erfc(z / math.sqrt(2.0))
+        # the same order as the likelihood, without its saturation at 1.0 in floating point
+        # (so the corpus threshold can still tell a strong anomaly from an overwhelming one)
+        score = 0.5 + 0.5 * z / (1.0 + abs(z))
         self._remember(raw)
         if self.n < self.quiet_until:
-            return likelihood * 0.5
+            return score * 0.5
         if likelihood >= c.alarm:
             self.quiet_until = self.n + c.refractory
-        return likelihood
+        return score
 
     def _season_from(self, at: datetime) -> None:
         """The season's length in samples, from the spacing of the first two timestamps."""

@@ -100,6 +100,11 @@ class HealthMetrics:
         self.devices = Gauge(
             "fleetloop_health_devices", "Devices the health detector tracks", registry=registry
         )
+        self.locked_out = Gauge(
+            "fleetloop_guardrail_locked_out",
+            "1 while the isolation guardrail is locked out (until a person resets it)",
+            registry=registry,
+        )
         for status in HealthStatus:
             self.verdicts.labels(status.value)
         for outcome in DecisionOutcome:
@@ -175,6 +180,7 @@ def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
             await decisions.send(key=DECISIONS.key_for(decision), value=encode(decision))
             m.decisions.labels(CONTROLLER, decision.outcome.value, decision.reason).inc()
         m.isolated.set(len(ladder.guard.state.isolated))
+        m.locked_out.set(1 if ladder.guard.state.locked_out else 0)
 
     async def isolate(stream: Any) -> None:
         async for events in stream.take_events(1_000, within=w.batch_within_s):
@@ -196,6 +202,29 @@ def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
     isolate.__name__ = isolate.__qualname__ = "health.isolate"
     app.agent(source, name="health.isolate", concurrency=1)(isolate)
     app.timer(interval=1.0, name="health.ladder_tick")(ladder_tick)
+
+    @app.page("/guardrail")
+    class GuardrailView(faust.web.View):
+        """GET: the guardrail's state; POST /guardrail/reset: a person lifts a lockout."""
+
+        async def get(self, request: Any) -> Any:
+            state = ladder.guard.state
+            return self.json(
+                {
+                    "locked_out": state.locked_out,
+                    "isolated": sorted(state.isolated),
+                    "recent_actions": len(state.actions),
+                }
+            )
+
+    @app.page("/guardrail/reset")
+    class GuardrailReset(faust.web.View):
+        async def post(self, request: Any) -> Any:
+            was = ladder.guard.state.locked_out
+            ladder.guard.reset()
+            m.locked_out.set(0)
+            log.warning("guardrail reset by a person (was locked out: %s)", was)
+            return self.json({"locked_out": False, "was_locked_out": was})
 
 
 def decide(

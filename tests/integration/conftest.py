@@ -74,20 +74,33 @@ def topic_prefix() -> str:
     return f"it-{uuid.uuid4().hex[:10]}."
 
 
-@pytest.fixture
-def closed_loop(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+def run_loop(
+    bootstrap: str,
+    prefix: str,
+    home: Path,
+    *,
+    worker_extra: tuple[str, ...] = (),
+    worker_env: dict[str, str] | None = None,
+    scenario: Path | None = None,
+    speed: float = 1.0,
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
+    """A stream worker and the simulated fleet, each its own process, on fresh topics."""
+    asyncio.run(ensure_topics(bootstrap, prefix=prefix))
     worker = WorkerProcess(
-        bootstrap=kafka_bootstrap,
-        prefix=topic_prefix,
-        home=tmp_path / "w",
+        bootstrap=bootstrap,
+        prefix=prefix,
+        home=home / "w",
         web_port=free_port(),
-        extra=("--batch-within-s", "0.3", "--lag-interval-s", "1"),
+        extra=("--batch-within-s", "0.3", *worker_extra),
+        env=worker_env,
     )
     sim = SimProcess(
-        bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path, web_port=free_port()
+        bootstrap=bootstrap,
+        prefix=prefix,
+        home=home,
+        web_port=free_port(),
+        scenario=scenario,
+        speed=speed,
     )
     try:
         worker.start()
@@ -96,6 +109,15 @@ def closed_loop(
     finally:
         sim.stop()
         worker.stop()
+
+
+@pytest.fixture
+def closed_loop(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> Iterator[tuple[SimProcess, WorkerProcess]]:
+    yield from run_loop(
+        kafka_bootstrap, topic_prefix, tmp_path, worker_extra=("--lag-interval-s", "1")
+    )
 
 
 @pytest.fixture(scope="session")

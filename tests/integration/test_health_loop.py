@@ -7,15 +7,15 @@ commands reach the executors, the devices go quiet, and every step is in ClickHo
 
 from __future__ import annotations
 
-import asyncio
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleetloop.kafka_broker import free_port
-from fleetloop.topics_admin import ensure_topics
 from tests.factories import COMMAND_KEYS
+from tests.integration.conftest import run_loop
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess
 
@@ -40,33 +40,17 @@ GREYS, DBE = ("node-00000-gpu2", "node-00000-gpu6"), "node-00002-gpu5"
 def health_loop(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(SCENARIO)
     keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
-    worker = WorkerProcess(
-        bootstrap=kafka_bootstrap,
-        prefix=topic_prefix,
-        home=tmp_path / "w",
-        web_port=free_port(),
-        extra=("--batch-within-s", "0.3"),
-        env={"FLEETLOOP_COMMAND_KEYS": keys},
-    )
-    sim = SimProcess(
-        bootstrap=kafka_bootstrap,
-        prefix=topic_prefix,
-        home=tmp_path,
-        web_port=free_port(),
+    yield from run_loop(
+        kafka_bootstrap,
+        topic_prefix,
+        tmp_path,
+        worker_env={"FLEETLOOP_COMMAND_KEYS": keys},
         scenario=scenario,
         speed=2.0,
     )
-    try:
-        worker.start()
-        sim.start()
-        yield sim, worker
-    finally:
-        sim.stop()
-        worker.stop()
 
 
 def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
@@ -137,3 +121,12 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
         return float(util[0][0]) < 0.01
 
     until(idle, what="the drained device going idle", proc=sim, timeout_s=90)
+
+    # the health metrics, and the guardrail as a person sees and resets it
+    assert worker.metric("fleetloop_verdicts_total") > 0
+    assert worker.metric("fleetloop_isolated_devices") >= 2
+    state = json.loads(worker.get("/guardrail"))
+    assert DBE in state["isolated"] and state["locked_out"] is False
+    request = urllib.request.Request(worker.url + "/guardrail/reset", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read()) == {"locked_out": False, "was_locked_out": False}

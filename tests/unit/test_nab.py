@@ -13,6 +13,8 @@ import pytest
 from fleetloop.cli import main
 from models.nab import (
     STANDARD,
+    CostProfile,
+    SweptFile,
     best_threshold,
     file_score,
     normalised,
@@ -98,8 +100,8 @@ def test_stream_scorer_scores_before_learning_and_finds_a_level_shift() -> None:
     scores = [scorer.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
     assert scores == [again.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
     assert scores[0] == 0.0 and all(0.0 <= s <= 1.0 for s in scores)
-    assert max(scores[2500:2510]) > 0.99
-    assert max(scores[1000:2490]) < max(scores[2500:2510])
+    assert max(scores[2500:2510]) > max(scores[1000:2490])  # the shift ranks above the noise
+    assert min(scores[2510:2600]) < 0.5  # and is one detection: the refractory damps the rest
     assert scorer.score_one(math.nan) == 0.0 and scorer.score_one(math.inf) == 0.0
     baseline = WindowedGaussian()
     assert max(baseline.score_one(v) for v in values) > 0.99
@@ -145,3 +147,31 @@ def test_eval_nab_runs_scores_writes_and_rescores(
 def test_eval_nab_names_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="combined_windows"):
         main(["eval", "nab", str(tmp_path)])
+
+
+def test_score_by_threshold_matches_a_hand_worked_table() -> None:
+    """Two windows (A, B) and two points outside them, with fn weighing 5: the best detection
+    of a window replaces its miss, and a lower threshold brings in more rows."""
+    profile = CostProfile(tp=1.0, fp=0.11, fn=5.0)
+    f = SweptFile(
+        "t",
+        scores=(0.0, 0.2, 0.3, 0.5, 0.5),
+        worth=(-3.0, 20.0, 10.0, 5.0, -3.0),
+        window=(-1, 0, 0, 1, -1),
+        windows=2,
+    )
+    table = {1.1: -2 * 5.0, 0.5: 5 - 3 - 5.0, 0.3: 5 - 3 + 10, 0.2: 5 - 3 + 20, 0.0: 5 - 3 + 20 - 3}
+    for threshold, expected in table.items():
+        assert file_score(f, threshold, profile) == pytest.approx(expected), threshold
+    threshold, raw = best_threshold([f], profile)
+    assert threshold == 0.2
+    assert raw == pytest.approx(22.0)
+
+
+def test_every_row_in_a_window_is_worth_something_and_every_other_row_costs() -> None:
+    n = 100
+    t = _times(n)
+    f = sweep("e", t, [1.0] * n, [(t[30], t[39]), (t[75], t[95])], STANDARD)
+    assert len(f.scores) == n - 15  # probation: 15% of 100 rows
+    assert sum(1 for w in f.window if w >= 0) == 10 + 21
+    assert all((v > 0) == (w >= 0) for v, w in zip(f.worth, f.window, strict=True))
