@@ -330,6 +330,10 @@ def test_every_dashboard_panel_runs_on_the_real_schema(
     assert all(r.rows for r in answered.values()), [t for t, r in answered.items() if not r.rows]
     attention = answered["Devices needing attention"]
     assert FAULTY in {row[0] for row in attention.rows}
+    verdicts = {row[0]: row[1] for row in answered["Devices by health verdict"].rows}
+    assert verdicts[FAULTY] == "failed"
+    reasons = {row[2] for row in answered["Controller decisions by reason"].rows}
+    assert "hard_fault" in reasons
     page = render_page(query, database=db.database)
     assert page.count("<polyline") >= 10 and "no data yet" not in page
     assert all(escape(p.title) in page for p in panels)
