@@ -23,6 +23,8 @@ UNIT_SUFFIXES = (
     "_count",
     "_sum",
 )
+COUNTS_OF = ("_devices",)  # gauges that count things: the thing is the unit
+BOOLEANS = {"fleetloop_guardrail_locked_out"}  # 0 or 1
 ID_LABELS = {"device_uuid", "node_id", "command_id", "event_id", "replica_id", "result_id"}
 
 
@@ -36,9 +38,12 @@ def _families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
 
 def _check_conventions(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> None:
     for name, samples in families.items():
-        for sample_name, labels, _ in samples:
+        for sample_name, labels, value in samples:
+            if sample_name in BOOLEANS:
+                assert value in (0.0, 1.0), f"{sample_name} is a boolean, not {value}"
+                continue
             assert sample_name.endswith(UNIT_SUFFIXES) or sample_name.endswith(
-                ("_events", "_ticks", "_time_seconds")
+                ("_events", "_ticks", "_time_seconds", *COUNTS_OF)
             ), f"{sample_name}: no base unit"
             assert not ID_LABELS & set(labels), f"{name} labels by id: {labels}"
             assert all(re.fullmatch(r"[a-z_]+", k) for k in labels), labels
@@ -60,8 +65,16 @@ def test_worker_and_simulator_metrics(closed_loop: tuple[SimProcess, WorkerProce
         "fleetloop_sink_rows",
         "fleetloop_consumer_lag_messages",
         "fleetloop_sink_insert_seconds",
+        "fleetloop_verdicts",
+        "fleetloop_decisions",
+        "fleetloop_model_scoring_seconds",
+        "fleetloop_isolated_devices",
+        "fleetloop_guardrail_locked_out",
     ):
         assert name in w, f"worker lacks {name}"
+    until(
+        lambda: worker.metric("fleetloop_verdicts_total") > 0, what="verdicts", proc=sim
+    )  # health runs in the same worker by default
     lag_topics = {labels["topic"] for _, labels, _ in w["fleetloop_consumer_lag_messages"]}
     assert any(t.endswith("telemetry.accelerator.v1") for t in lag_topics)
     _check_conventions(w)
