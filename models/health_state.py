@@ -1,0 +1,131 @@
+"""What the health detector keeps: its settings, one device's record, and the small
+pieces of arithmetic it shares (a weighted regression, signal bookkeeping).
+
+Kept apart from :mod:`models.health` so the detector reads as the rules it applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from schemas.base import AcceleratorType
+from schemas.verdicts import HealthStatus, Signal
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    heartbeat_timeout_s: float = 5.0
+    stall_wall_s: float = 30.0
+    blind_ratio: float = 0.3
+    verdict_interval_s: float = 30.0
+    sustain_s: float = 10.0
+    ecc_window_s: float = 30.0
+    ecc_rise_ratio: float = 1.05
+    ecc_z: float = 3.0
+    ecc_min_count: int = 5
+    ecc_sustain_windows: int = 3
+    ecc_dying_per_s: float = 1.0
+    thermal_margin_celsius: float = 8.0
+    thermal_tau_s: float = 45.0  # temperature follows power with about this time constant
+    tpot_margin_ratio: float = 0.10
+    tpot_stale_s: float = 30.0
+    probe_margin_ratio: float = 0.10
+    peer_z: float = 4.0
+    fast_alpha: float = 0.3
+    history_alpha: float = 0.002
+    history_max_ratio: float = 0.05  # a device may run this much slower than peers by nature
+    warmup_samples: int = 30
+    xid_flap_count: int = 3
+    xid_flap_window_s: float = 300.0
+    fatal_latch_s: float = 600.0
+
+
+@dataclass(slots=True)
+class DeviceState:
+    """What the detector remembers of one device: numbers only (see the size test)."""
+
+    node_id: str
+    region: str
+    rack_id: str
+    kind: AcceleratorType
+    seen_s: float = 0.0
+    source: Hashable = None  # where its samples come from (a topic partition)
+    clock_max_mhz: float = 0.0
+    clock_ratio: float = 1.0
+    status: HealthStatus = HealthStatus.HEALTHY
+    emitted_s: float = -math.inf
+    dbe: int = 0
+    fatal_xid: int = 0
+    fatal_at_s: float = -math.inf
+    xid_times: list[float] = field(default_factory=list)
+    probe_failed: bool = False
+    probe_slow: int = 0
+    probe_gap: float = 0.0
+    sbe_last: int = -1
+    ecc_start_s: float = math.nan
+    ecc_count: int = 0
+    ecc_base_per_s: float = math.nan
+    ecc_streak: int = 0
+    ecc_rate_per_s: float = 0.0
+    power_smooth: float = math.nan
+    temp_resid: float = 0.0
+    thermal_sigma: float = 0.0
+    thermal_hot: bool = False
+    tpot_fast: float = 0.0
+    tpot_history: float = 0.0
+    tpot_n: int = 0
+    tpot_seen_s: float = -math.inf
+    tpot_sigma: float = 0.0
+    since: dict[str, float] = field(default_factory=dict)  # soft signal -> over since
+
+
+@dataclass(slots=True)
+class EwRegression:
+    """Exponentially weighted simple regression ``y ~ a + b * x`` (per cohort)."""
+
+    alpha: float = 0.01
+    n: int = 0
+    mx: float = 0.0
+    my: float = 0.0
+    vxx: float = 0.0
+    cxy: float = 0.0
+
+    def residual(self, x: float, y: float) -> float | None:
+        if self.n < 30 or self.vxx <= 1e-9:
+            return None
+        slope = self.cxy / self.vxx
+        return y - (self.my + slope * (x - self.mx))
+
+    def learn(self, x: float, y: float) -> None:
+        a = max(self.alpha, 1.0 / (self.n + 1))
+        dx, dy = x - self.mx, y - self.my
+        self.mx += a * dx
+        self.my += a * dy
+        self.vxx = (1 - a) * (self.vxx + a * dx * dx)
+        self.cxy = (1 - a) * (self.cxy + a * dx * dy)
+        self.n += 1
+
+
+def counted(name: str) -> bool:
+    """Soft signals that count occurrences (windows or probes in a row, XIDs in a window):
+    one is suspect, ``threshold`` of them is sustained by construction."""
+    return name in ("ecc_sbe_rise", "probe_slow", "xid_flaps")
+
+
+def over_threshold(s: Signal) -> bool:
+    if counted(s.name):
+        return s.value >= 1
+    return s.threshold > 0 and s.value >= s.threshold
+
+
+def finite(s: Signal) -> Signal:
+    if math.isfinite(s.value) and math.isfinite(s.threshold):
+        return Signal(name=s.name, value=round(s.value, 4), threshold=round(s.threshold, 4))
+    return Signal(name=s.name, value=0.0, threshold=0.0)
+
+
+def describe(s: Signal, for_s: float) -> str:
+    held = f" for {for_s:.0f}s" if for_s >= 1 else ""
+    return f"{s.name} {s.value:.3g} (threshold {s.threshold:.3g}){held}"
