@@ -278,6 +278,21 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_forecast(args: argparse.Namespace) -> int:
+    from fleetloop.eval_forecast import format_forecast, run_eval_forecast
+
+    result = run_eval_forecast(
+        Path(args.trace),
+        args.format,
+        step_s=args.step_s,
+        replica_rps=args.replica_rps,
+        load_s=args.load_s,
+        keepalive_s=args.keepalive_s,
+    )
+    print(json.dumps(result, sort_keys=True) if args.json else format_forecast(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetloop", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -384,6 +399,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--detector", action="append", help="with --score-only: only this detector (repeatable)"
     )
     nab.set_defaults(func=_cmd_eval_nab)
+    forecast = evals.add_parser(
+        "forecast", help="a request trace through the forecaster and three warming policies"
+    )
+    forecast.add_argument("--trace", required=True, help="the trace file")
+    forecast.add_argument("--format", required=True, choices=["azure-llm", "rate-csv"])
+    forecast.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    forecast.add_argument("--step-s", type=float, default=60.0, help="forecast step")
+    forecast.add_argument("--replica-rps", type=float, default=10.0, help="one replica serves")
+    forecast.add_argument("--load-s", type=float, default=60.0, help="a replica loads in")
+    forecast.add_argument(
+        "--keepalive-s", type=float, default=600.0, help="the fixed keep-alive baseline"
+    )
+    forecast.set_defaults(func=_cmd_eval_forecast)
     return parser
 
 

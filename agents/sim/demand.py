@@ -145,6 +145,8 @@ def _assign(
 ) -> dict[str, str]:
     if given:
         return dict(given)
+    if not ours:  # keep the trace's own names
+        return {m: m for m in trace_models}
     return dict(zip(sorted(trace_models), ours, strict=False))
 
 

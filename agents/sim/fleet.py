@@ -355,7 +355,7 @@ class Fleet:
         if dev.node.down:
             return
         rate = active.sbe_rate.get(dev.uuid, BASE_SBE_PER_S)
-        sbe = _poisson(self.rng, rate * dt)
+        sbe = poisson(self.rng, rate * dt)
         dev.sbe_volatile += sbe
         dev.sbe_aggregate += sbe
         if dev.uuid in active.dbe_now and not dev.failed:
@@ -395,7 +395,7 @@ class Fleet:
                 node.tripped = rack.tripped
 
 
-def _poisson(rng: random.Random, lam: float) -> int:
+def poisson(rng: random.Random, lam: float) -> int:
     """Poisson draw; Knuth for small means, normal approximation for large ones."""
     if lam <= 0:
         return 0

@@ -1,0 +1,195 @@
+"""Online demand forecasts, several models chosen by their recent error, with a band.
+
+:class:`DemandForecaster` follows one series (requests per step for one model in
+one region, say) and forecasts it ``h`` steps ahead for each horizon in
+``horizons``. Candidates, all learned online:
+
+- ``persistence``: the last value;
+- ``seasonal_naive``: the value one season ago (a day of steps by default);
+- ``seasonal_mean``: each phase of the season's exponentially weighted mean
+  over past seasons (a seasonal naive forecast with its noise averaged out);
+- ``holt_winters``: river's additive Holt-Winters (with the season once the
+  series has shown a whole one, Holt's linear trend before that);
+- ``level``: an exponentially weighted mean (what a smoothed rate would say).
+
+Every forecast is kept until its target step arrives and then scored; each
+candidate's recent absolute error per horizon is an exponentially weighted
+mean, and the forecast at a horizon comes from the candidate with the lowest
+(chosen online, per horizon). The band is the chosen candidate's recent
+signed errors at that horizon: rolling ``band_quantiles`` (10th and 90th
+percentiles by default) added to the point forecast, never below zero.
+
+Scores before it learns; picklable; time is the step index.
+
+Example::
+
+    f = DemandForecaster(horizons=(1, 5, 15), season=1440)
+    for count in per_minute_counts:
+        f.learn_one(count)
+        band = f.forecast()[5]     # Band(point, low, high, model) five steps ahead
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from river import stats, time_series
+
+CANDIDATES = ("persistence", "seasonal_naive", "seasonal_mean", "holt_winters", "level")
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    point: float
+    low: float
+    high: float
+    model: str
+
+
+class DemandForecaster:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        horizons: tuple[int, ...] = (1, 5, 15),
+        season: int = 1440,
+        error_alpha: float = 0.05,
+        band_quantiles: tuple[float, float] = (0.1, 0.9),
+        band_window: int = 500,
+        hw_alpha: float = 0.3,
+        hw_beta: float = 0.01,
+        hw_gamma: float = 0.2,
+        level_alpha: float = 0.2,
+    ) -> None:
+        if not horizons or min(horizons) < 1:
+            raise ValueError(f"horizons are steps ahead, at least 1: {horizons!r}")
+        self.horizons = tuple(sorted(set(horizons)))
+        self.season = season
+        self.error_alpha = error_alpha
+        self.level_alpha = level_alpha
+        self.hw_params = (hw_alpha, hw_beta, hw_gamma)
+        self.n = 0
+        self.history: deque[float] = deque(maxlen=max(season, max(self.horizons)) + 1)
+        self.level = 0.0
+        self.season_alpha = 0.3
+        self.phase_mean: list[float] = []  # per phase of the season, once one has passed
+        # river's time series models are untyped: kept as Any at this one boundary
+        self._hw_trend: Any = _holt_winters(alpha=hw_alpha, beta=hw_beta)
+        self._hw_season: Any = None
+        self.errors = {(m, h): math.nan for m in CANDIDATES for h in self.horizons}
+        lo, hi = band_quantiles
+        self.residuals = {
+            (m, h): (
+                stats.RollingQuantile(q=lo, window_size=band_window),
+                stats.RollingQuantile(q=hi, window_size=band_window),
+            )
+            for m in CANDIDATES
+            for h in self.horizons
+        }
+        # forecasts made, waiting for their target step: step -> [(model, horizon, value)]
+        self.pending: dict[int, list[tuple[str, int, float]]] = {}
+
+    # -- learning -----------------------------------------------------------------------
+
+    def learn_one(self, y: float) -> None:
+        """The value of the next step arrived: score what was forecast for it, then learn."""
+        if not math.isfinite(y) or y < 0:
+            raise ValueError(f"a demand is a finite non-negative number, not {y!r}")
+        step = self.n
+        for model, h, value in self.pending.pop(step, []):
+            self._score(model, h, value, y)
+        self.history.append(y)
+        if self.season > 1:
+            phase = self.n % self.season
+            if len(self.phase_mean) < self.season:
+                self.phase_mean.append(y)
+            else:
+                self.phase_mean[phase] += self.season_alpha * (y - self.phase_mean[phase])
+        self.level = y if self.n == 0 else self.level + self.level_alpha * (y - self.level)
+        self._hw_trend.learn_one(y)
+        if self._hw_season is None and self.season > 1 and self.n + 1 >= 2 * self.season:
+            # a whole season seen twice: start the seasonal model on it (river's needs one)
+            self._hw_season = _holt_winters(
+                alpha=self.hw_params[0],
+                beta=self.hw_params[1],
+                gamma=self.hw_params[2],
+                seasonality=self.season,
+            )
+            for past in list(self.history)[-self.season - 1 :]:
+                self._hw_season.learn_one(past)
+        elif self._hw_season is not None:
+            self._hw_season.learn_one(y)
+        self.n += 1
+        for model, values in self._candidates().items():
+            for h, value in values.items():
+                self.pending.setdefault(self.n - 1 + h, []).append((model, h, value))
+
+    def _score(self, model: str, h: int, forecast: float, actual: float) -> None:
+        err = abs(actual - forecast)
+        old = self.errors[(model, h)]
+        self.errors[(model, h)] = err if math.isnan(old) else old + self.error_alpha * (err - old)
+        lo, hi = self.residuals[(model, h)]
+        lo.update(actual - forecast)
+        hi.update(actual - forecast)
+
+    # -- forecasting ----------------------------------------------------------------------
+
+    def _candidates(self) -> dict[str, dict[int, float]]:
+        if self.n == 0:
+            return {}
+        last = self.history[-1]
+        out: dict[str, dict[int, float]] = {
+            "persistence": {h: last for h in self.horizons},
+            "level": {h: self.level for h in self.horizons},
+        }
+        if self.season > 1 and len(self.history) > self.season:
+            hist = self.history
+            # the value one season before the target step (or the latest we have)
+            out["seasonal_naive"] = {
+                h: hist[len(hist) - 1 - self.season + h] if h <= self.season else last
+                for h in self.horizons
+            }
+        if self.season > 1 and self.n >= 2 * self.season:
+            out["seasonal_mean"] = {
+                h: self.phase_mean[(self.n - 1 + h) % self.season] for h in self.horizons
+            }
+        hw = self._hw_season if self._hw_season is not None else self._hw_trend
+        if self.n >= 3:
+            ahead = hw.forecast(horizon=max(self.horizons))
+            out["holt_winters"] = {h: max(0.0, float(ahead[h - 1])) for h in self.horizons}
+        return out
+
+    def best(self, h: int) -> str:
+        """The candidate with the lowest recent error at horizon ``h`` (persistence until
+        any has been scored)."""
+        scored = [(e, m) for (m, hh), e in self.errors.items() if hh == h and not math.isnan(e)]
+        return min(scored)[1] if scored else "persistence"
+
+    def forecast(self) -> dict[int, Band]:
+        """Per horizon: the chosen model's point forecast and its band."""
+        if self.n == 0:
+            return {}
+        candidates = self._candidates()
+        out = {}
+        for h in self.horizons:
+            model = self.best(h)
+            values = candidates.get(model) or candidates["persistence"]
+            point = values[h]
+            lo, hi = self.residuals[(model, h)]
+            low_err, high_err = lo.get(), hi.get()
+            low = point + (low_err if low_err is not None else 0.0)
+            high = point + (high_err if high_err is not None else 0.0)
+            out[h] = Band(point, max(0.0, min(low, point)), max(high, point), model)
+        return out
+
+    def candidate_forecasts(self) -> dict[str, dict[int, float]]:
+        """Every candidate's point forecasts (for evaluation against the baselines)."""
+        return self._candidates()
+
+
+def _holt_winters(**params: Any) -> Any:
+    return time_series.HoltWinters(**params)  # type: ignore[no-untyped-call]
