@@ -2,20 +2,20 @@
 
 Starts the local broker (unless ``KAFKA_BOOTSTRAP`` names one) and creates the
 topics; starts a stream worker (which owns the embedded ClickHouse, judges
-health and runs the isolation ladder) and the simulated fleet with its node,
-router and warmer executors (`fleetloop sim` on ``scenarios/demo.yaml``),
-each as its own process. The health processor finds the grey-failing device
-and walks it down the ladder (de-weight, stop new sessions, drain) and
-quarantines the device whose ECC storm ends in a double-bit fault. Beside it,
-a scripted operator plays the part the warming controller will take (issue 5),
-reading only ClickHouse and acting only through signed commands on Kafka:
+health, runs the isolation ladder, forecasts demand and warms) and the
+simulated fleet with its node, router and warmer executors (`fleetloop sim`
+on ``scenarios/demo.yaml``), each as its own process. The health processor
+finds the grey-failing device and walks it down the ladder (de-weight, stop
+new sessions, drain) and quarantines the device whose ECC storm ends in a
+double-bit fault; the warming controller sees demand for a model loaded
+nowhere and warms it. Beside them, a scripted operator reads only ClickHouse
+and acts only through signed commands on Kafka:
 
-- demand for a model loaded nowhere shows up -> warm it on a pool;
-- the controller's quarantine, replayed byte for byte -> ``duplicate``;
+- the isolation controller's quarantine, replayed byte for byte -> ``duplicate``;
 - a forged and an expired command, which the executors refuse with a result.
 
 It ends with what ClickHouse holds: rows per table, every command with its
-result, the controller's decisions and the verdicts behind them, the
+result, the controllers' decisions and the verdicts behind them, the
 quarantined device going idle, the cold model starting to serve.
 A per-run HMAC key is generated unless ``FLEETLOOP_COMMAND_KEYS`` is set.
 """
@@ -44,9 +44,9 @@ from fleetloop.sqlclient import format_table, run_query
 from fleetloop.topics_admin import ensure_topics, read_topic
 from schemas.base import Contract
 from schemas.codec import decode, encode
-from schemas.commands import RouteAction, RouteCommand, Target, WarmAction, WarmCommand
+from schemas.commands import RouteAction, RouteCommand, Target
 from schemas.signing import sign
-from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, WARM_COMMANDS, TopicSpec
+from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, TopicSpec
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
 DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
@@ -98,12 +98,13 @@ LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
 ORDER BY t
 """
 ISOLATED_SQL = """
-SELECT target, action, reason, substring(message, 1, 70), toString(command_id)
+SELECT target, action, reason, substring(message, 1, 70), toString(command_id), controller
 FROM {db}.decisions WHERE ingested_at >= {since} AND outcome = 'issued'
 ORDER BY decided_at
 """
 DECISIONS_SQL = """
-SELECT decided_at, target, action, outcome, reason, substring(message, 1, 60) AS message
+SELECT decided_at, controller, target, action, outcome, reason,
+       substring(message, 1, 50) AS message
 FROM {db}.decisions WHERE ingested_at >= {since} AND (outcome != 'refused' OR reason != 'pool_cap'
    OR target IN (SELECT target FROM {db}.decisions WHERE outcome = 'issued'))
 ORDER BY decided_at LIMIT 40
@@ -113,12 +114,6 @@ SELECT observed_at, status, previous_status AS was, score, substring(evidence, 1
 FROM {db}.verdicts WHERE ingested_at >= {since} AND device_uuid = '{device}'
   AND status != previous_status
 ORDER BY observed_at
-"""
-COLD_DEMAND_SQL = """
-SELECT model, region, sum(requests) FROM {db}.demand WHERE ingested_at >= {since}
-AND model NOT IN (SELECT DISTINCT model FROM {db}.serving_metrics WHERE ingested_at >= {since})
-AND (SELECT uniqExact(observed_at) FROM {db}.serving_metrics WHERE ingested_at >= {since}) >= 10
-GROUP BY model, region HAVING sum(requests) > 0 LIMIT 1
 """
 
 
@@ -191,21 +186,6 @@ class Operator:
                 self.sent += 1
                 return True
         return False
-
-    def warm(self, model: str, pool: str, replicas: int) -> WarmCommand:
-        now = self.sim_now()
-        command = WarmCommand(
-            command_id=uuid.uuid4(),
-            issued_at=now,
-            expires_at=now + timedelta(minutes=5),
-            issuer="demo-operator",
-            target=Target(pool=pool),
-            reason="cold_model_demand",
-            action=WarmAction.WARM,
-            model=model,
-            replicas=replicas,
-        )
-        return sign(command, key_id=self.kid, key=self.key)
 
 
 def run_demo(
@@ -304,23 +284,15 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
     )
     op.send([(ROUTE_COMMANDS, forged), (ROUTE_COMMANDS, expired)], raw=MALFORMED)
     print("[demo] sent a forged and an expired command, and 3 malformed telemetry messages")
-    warmed, replayed = False, False
+    replayed = False
     seen: set[tuple[str, str]] = set()
     deadline = time.monotonic() + budget_s
     while procs["sim"].poll() is None and time.monotonic() < deadline:
-        if not warmed and (cold := op.query(COLD_DEMAND_SQL)):
-            model, region, requests = cold[0]
-            op.send([(WARM_COMMANDS, op.warm(str(model), f"{region}-h100", 2))])
-            print(
-                f"[demo] {requests} requests for {model} in {region}, loaded nowhere: "
-                f"warm 2 replicas on {region}-h100"
-            )
-            warmed = True
-        for target, action, reason, message, command_id in op.query(ISOLATED_SQL):
+        for target, action, reason, message, command_id, controller in op.query(ISOLATED_SQL):
             if (str(target), str(action)) in seen:
                 continue
             seen.add((str(target), str(action)))
-            print(f"[demo] isolation controller: {action} {target} ({reason}: {message})")
+            print(f"[demo] {controller} controller: {action} {target} ({reason}: {message})")
             if action == "quarantine" and reason == "hard_fault" and not replayed:
                 op.quarantined = str(target)
                 replayed = op.replay(uuid.UUID(str(command_id)))
@@ -344,7 +316,7 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
         time.sleep(1)
     table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
     table("every command and its result", RESULTS_SQL)
-    table("the isolation controller's decisions (and the guardrail's refusals)", DECISIONS_SQL)
+    table("the controllers' decisions (and the guardrail's refusals)", DECISIONS_SQL)
     if op.quarantined:
         table(f"{op.quarantined}: its health verdicts", VERDICTS_SQL, device=op.quarantined)
         table(
@@ -352,7 +324,7 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
             DEVICE_SQL,
             device=op.quarantined,
         )
-    table("gemma-27b: cold, then warmed", COLD_SQL, model="gemma-27b")
+    table("gemma-27b: cold, then warmed by the warming controller", COLD_SQL, model="gemma-27b")
     table(
         "dead letters",
         "SELECT source_topic, source_offset, error_kind FROM {db}.dead_letters "

@@ -187,10 +187,12 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     session_timeout_s: float = Field(10.0, gt=0)
     lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")
     processors: str = Field(
-        "ingest,health",
-        pattern=r"^(ingest|health)(,(ingest|health))?$",
-        description="what this worker runs: ingest (owns ClickHouse), health, or both",
+        "ingest,health,demand",
+        pattern=r"^(ingest|health|demand)(,(ingest|health|demand)){0,2}$",
+        description="what this worker runs: ingest (owns ClickHouse), health, demand",
     )
+    replica_rps: float = Field(10.0, gt=0, description="demand: what one replica serves")
+    load_s: float = Field(60.0, gt=0, description="demand: how long a replica takes to load")
     command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
 
     @property

@@ -13,6 +13,7 @@ from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
+from streams.demand import DemandWiring
 from streams.health import HealthWiring
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,18 @@ def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
     )
 
 
+def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
+    if "demand" not in settings.roles:
+        return None
+    key = settings.signing_key() if settings.command_keys is not None else None
+    return DemandWiring(
+        topic_prefix=settings.topic_prefix,
+        signing_key=key,
+        replica_rps=settings.replica_rps,
+        load_s=settings.load_s,
+    )
+
+
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     """Run one stream worker until SIGTERM/SIGINT."""
     store = None
@@ -65,6 +78,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         session_timeout_s=settings.session_timeout_s,
         lag_interval_s=settings.lag_interval_s,
         health=_health_wiring(settings),
+        demand=_demand_wiring(settings),
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

@@ -12,7 +12,7 @@ from enum import StrEnum
 from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
-from schemas.verdicts import Decision, Verdict
+from schemas.verdicts import Decision, Forecast, Verdict
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -23,6 +23,7 @@ class TopicKind(StrEnum):
     RESULT = "result"
     VERDICT = "verdict"
     DECISION = "decision"
+    FORECAST = "forecast"
     DEAD_LETTER = "dead_letter"
 
 
@@ -156,6 +157,16 @@ DECISIONS = TopicSpec(
     table="decisions",
 )
 
+FORECASTS = TopicSpec(
+    "forecasts.v1",
+    TopicKind.FORECAST,
+    Forecast,
+    ("model", "region"),
+    partitions=4,
+    retention_ms=30 * DAY_MS,
+    table="forecasts",
+)
+
 TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND)
 COMMAND_TOPICS: tuple[TopicSpec, ...] = (ROUTE_COMMANDS, THROTTLE_COMMANDS, WARM_COMMANDS)
 
@@ -173,7 +184,7 @@ def dead_letter_topic(source: TopicSpec) -> TopicSpec:
     )
 
 
-JUDGEMENT_TOPICS: tuple[TopicSpec, ...] = (VERDICTS, DECISIONS)
+JUDGEMENT_TOPICS: tuple[TopicSpec, ...] = (VERDICTS, DECISIONS, FORECASTS)
 """What the pipeline itself concludes and decides."""
 
 INGESTED_TOPICS: tuple[TopicSpec, ...] = (

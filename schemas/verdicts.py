@@ -1,9 +1,10 @@
-"""What the health processor concludes, and what the controllers decide.
+"""What the stream processors conclude, and what the controllers decide.
 
 A :class:`Verdict` is a health judgement about one device, with the signals
-behind it. A :class:`Decision` is what a controller wanted and what survived
-its stages (ladder hysteresis, the shared guardrail), with a closed reason;
-refusals are decisions too, so an SRE can ask why nothing happened.
+behind it; a :class:`Forecast` is the demand expected for a model in a region.
+A :class:`Decision` is what a controller wanted and what survived its stages
+(ladder hysteresis, the shared guardrail), with a closed reason; refusals are
+decisions too, so an SRE can ask why nothing happened.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from uuid import UUID
 
 from pydantic import Field
 
-from schemas.base import AcceleratorType, Contract, Identifier, Ratio, UtcDatetime
+from schemas.base import AcceleratorType, Contract, Identifier, NonNegFloat, Ratio, UtcDatetime
 
 
 class HealthStatus(StrEnum):
@@ -89,3 +90,20 @@ class Decision(Contract):
     d_term: float | None = None
     desired: float | None = None
     applied: float | None = None
+
+
+class Forecast(Contract):
+    """Demand for one model in one region, ``horizon_s`` after ``made_at``, with its band."""
+
+    forecast_id: UUID
+    made_at: UtcDatetime = Field(description="end of the step it was made from (event time)")
+    target_at: UtcDatetime
+    model: Identifier
+    region: Identifier
+    horizon_s: NonNegFloat
+    step_s: Annotated[float, Field(gt=0.0)]
+    observed_rps: NonNegFloat = Field(description="demand in the step just ended")
+    point_rps: NonNegFloat
+    low_rps: NonNegFloat
+    high_rps: NonNegFloat
+    chosen: Identifier = Field(description="the candidate model with the lowest recent error")

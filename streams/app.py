@@ -31,7 +31,9 @@ from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
+from streams.controller_metrics import ControllerMetrics
 from streams.dashboards import load_dashboards, render_page
+from streams.demand import DemandWiring, add_demand
 from streams.health import HealthWiring, add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
@@ -57,7 +59,8 @@ class WorkerConfig:
     batch_within_s: float = 1.0
     session_timeout_s: float = 10.0
     lag_interval_s: float = 15.0
-    health: HealthWiring | None = None  # None: ingest only
+    health: HealthWiring | None = None  # None: no health detection or isolation
+    demand: DemandWiring | None = None  # None: no forecasting or warming
 
 
 class IngestMetrics:
@@ -151,8 +154,13 @@ def create_app(
         for spec in INGESTED_TOPICS:
             _add_ingest(app, config, spec, sink, metrics, on_fatal)
         sources += INGESTED_TOPICS
+    shared = ControllerMetrics(registry)
     if config.health is not None:
-        sources += [s for s in add_health(app, config.health, registry) if s not in sources]
+        read = add_health(app, config.health, registry, shared)
+        sources += [s for s in read if s not in sources]
+    if config.demand is not None:
+        read = add_demand(app, config.demand, registry, shared)
+        sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)
     if store is not None:

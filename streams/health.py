@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
 from controllers.guardrail import Guardrail, GuardrailConfig
@@ -44,6 +44,7 @@ from schemas.topics import (
     TopicSpec,
 )
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
+from streams.controller_metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 CONTROLLER = "isolation"
@@ -64,33 +65,17 @@ class HealthWiring:
 
 
 class HealthMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, shared: ControllerMetrics) -> None:
         self.verdicts = Counter(
             "fleetloop_verdicts_total", "Verdicts published, by status", ["status"],
             registry=registry,
         )  # fmt: skip
-        self.scoring = Histogram(
-            "fleetloop_model_scoring_seconds",
-            "Time to score and learn one event in an online model",
-            ["model"],
-            buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2),
-            registry=registry,
-        )
+        self.scoring = shared.scoring
+        self.decisions = shared.decisions
+        self.commands = shared.commands
         self.skipped = Counter(
             "fleetloop_health_skipped_total",
             "Messages the health processor could not decode (ingest dead-letters them)",
-            registry=registry,
-        )
-        self.decisions = Counter(
-            "fleetloop_decisions_total",
-            "Controller decisions, by controller, outcome and reason",
-            ["controller", "outcome", "reason"],
-            registry=registry,
-        )
-        self.commands = Counter(
-            "fleetloop_commands_issued_total",
-            "Commands the controllers sent, by type and action",
-            ["command_type", "action"],
             registry=registry,
         )
         self.isolated = Gauge(
@@ -107,17 +92,15 @@ class HealthMetrics:
         )
         for status in HealthStatus:
             self.verdicts.labels(status.value)
-        for outcome in DecisionOutcome:
-            for reason in REASONS:
-                self.decisions.labels(CONTROLLER, outcome.value, reason)
+        shared.declare(CONTROLLER, REASONS)
 
 
 def add_health(
-    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry
+    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry, shared: ControllerMetrics
 ) -> list[TopicSpec]:
     """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``;
     returns the topics they read."""
-    m = HealthMetrics(registry)
+    m = HealthMetrics(registry, shared)
     _add_detector(app, wiring, m)
     _add_isolation(app, wiring, m)
     return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]

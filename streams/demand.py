@@ -1,0 +1,255 @@
+"""Demand forecasting and predictive warming: the planner (pure) and its processor.
+
+:class:`DemandPlanner` sums the demand events of each (model, region) into steps
+of ``step_s`` (event time). When a step ends it learns the step's request rate
+into that key's :class:`~models.forecast.DemandForecaster`, forecasts every
+horizon with its band, counts the replicas that served in the step (and those
+it asked for that are still loading), and asks the key's
+:class:`~controllers.warming.WarmingPolicy` what to do. A warm goes to the
+pool that already serves the model in that region (most replicas), else to
+``default_pool``; a cool to the pool with most replicas.
+
+``demand.plan`` adapts it: demand and serving telemetry in; forecasts on
+``forecasts.v1``; a decision per warm or cool on ``decisions.v1``, with a signed
+``WarmCommand`` for the warmer when a signing key is configured.
+
+One replica's capacity is the highest rate per replica the key's replicas
+have carried so far (``replica_rps`` until they have carried any): a
+conservative estimate that grows with the load the fleet has seen. The load
+time (``load_s``) is a setting, the same for every model and pool.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import faust
+from prometheus_client import CollectorRegistry
+
+from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy, WarmReason
+from models.forecast import DemandForecaster
+from schemas.codec import DecodeError, decode, encode
+from schemas.commands import Target, WarmAction, WarmCommand
+from schemas.events import Demand, ServingMetrics
+from schemas.signing import sign
+from schemas.topics import DECISIONS, DEMAND, FORECASTS, SERVING, WARM_COMMANDS, TopicSpec
+from schemas.verdicts import Decision, DecisionOutcome, Forecast
+from streams.controller_metrics import ControllerMetrics
+
+CONTROLLER = "warming"
+
+
+@dataclass(frozen=True, slots=True)
+class DemandWiring:
+    topic_prefix: str = ""
+    signing_key: tuple[str, bytes] | None = None
+    issuer: str = "warming-controller"
+    command_ttl_s: float = 120.0
+    step_s: float = 60.0
+    horizons_s: tuple[float, ...] = (60.0, 300.0, 900.0)
+    season_s: float = 86_400.0
+    replica_rps: float = 10.0
+    load_s: float = 60.0
+    pool_suffix: str = "h100"  # default pool of a region for a model served nowhere there
+    warming: WarmingConfig = field(default_factory=WarmingConfig)
+
+
+@dataclass(slots=True)
+class _Key:
+    forecaster: DemandForecaster
+    policy: WarmingPolicy
+    step: int = -1
+    requests: float = 0.0
+    replicas: dict[str, set[str]] = field(default_factory=dict)  # pool -> replicas this step
+    served: float = 0.0  # requests the replicas served this step
+    capacity_rps: float = 0.0  # highest rate per replica seen so far: what one can carry
+    loading: list[tuple[str, datetime]] = field(default_factory=list)  # (pool, ready by)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStep:
+    model: str
+    region: str
+    pool: str
+    at: datetime
+    decision: WarmDecision
+
+
+class DemandPlanner:
+    """See the module docstring."""
+
+    def __init__(self, w: DemandWiring, *, new_id: Any = uuid.uuid4) -> None:
+        self.w = w
+        self.new_id = new_id
+        self.horizon_steps = tuple(max(1, round(h / w.step_s)) for h in w.horizons_s)
+        self.load_steps = max(1, math.ceil(w.load_s / w.step_s))
+        self.keys: dict[tuple[str, str], _Key] = {}
+
+    def _key(self, model: str, region: str) -> _Key:
+        k = self.keys.get((model, region))
+        if k is None:
+            season = max(2, round(self.w.season_s / self.w.step_s))
+            k = self.keys[(model, region)] = _Key(
+                DemandForecaster(horizons=self.horizon_steps, season=season),
+                WarmingPolicy(self.w.warming),
+            )
+        return k
+
+    def serving(self, m: ServingMetrics) -> None:
+        if m.requests > 0:
+            k = self._key(m.model, m.region)
+            k.replicas.setdefault(m.pool, set()).add(m.replica_id)
+            k.served += m.requests
+
+    def demand(self, d: Demand) -> tuple[list[Forecast], list[WarmStep]]:
+        """One demand event; returns what closing a step produced (if one closed)."""
+        k = self._key(d.model, d.region)
+        step = int(d.observed_at.timestamp() // self.w.step_s)
+        forecasts: list[Forecast] = []
+        steps: list[WarmStep] = []
+        if k.step >= 0 and step > k.step:
+            forecasts, steps = self._close(d.model, d.region, k)
+        if step >= k.step:
+            if step > k.step:
+                k.step, k.requests = step, 0.0
+            k.requests += d.requests
+        return forecasts, steps
+
+    def _close(self, model: str, region: str, k: _Key) -> tuple[list[Forecast], list[WarmStep]]:
+        w = self.w
+        end = datetime.fromtimestamp((k.step + 1) * w.step_s, UTC)
+        rps = k.requests / w.step_s
+        k.forecaster.learn_one(rps)
+        bands = k.forecaster.forecast()
+        forecasts = [
+            Forecast(
+                forecast_id=self.new_id(),
+                made_at=end,
+                target_at=end + timedelta(seconds=h * w.step_s),
+                model=model,
+                region=region,
+                horizon_s=h * w.step_s,
+                step_s=w.step_s,
+                observed_rps=rps,
+                point_rps=b.point,
+                low_rps=b.low,
+                high_rps=b.high,
+                chosen=b.model,
+            )
+            for h, b in bands.items()
+        ]
+        k.loading = [(p, ready) for p, ready in k.loading if ready > end]
+        ready = sum(len(r) for r in k.replicas.values())
+        by_pool = Tally({p: len(r) for p, r in k.replicas.items()})
+        if ready:
+            k.capacity_rps = max(k.capacity_rps, k.served / w.step_s / ready)
+        k.replicas, k.served = {}, 0.0
+        d = k.policy.step(
+            step=k.step, bands=bands, ready=ready, loading=len(k.loading),
+            capacity=k.capacity_rps or w.replica_rps, load_steps=self.load_steps, observed=rps,
+        )  # fmt: skip
+        if d.replicas == 0:
+            return forecasts, []
+        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
+        if d.replicas > 0:
+            ready_by = end + timedelta(seconds=w.load_s * 2)
+            k.loading += [(busiest, ready_by)] * d.replicas
+        return forecasts, [WarmStep(model, region, busiest, end, d)]
+
+
+def decide_warm(
+    step: WarmStep, w: DemandWiring, *, new_id: Any = uuid.uuid4
+) -> tuple[Decision, WarmCommand | None]:
+    """One warm or cool -> its decision and, with a signing key, its command."""
+    d = step.decision
+    action = WarmAction.WARM if d.replicas > 0 else WarmAction.COOL
+    decision_id = new_id()
+    command = None
+    if w.signing_key is not None:
+        kid, key = w.signing_key
+        command = sign(
+            WarmCommand(
+                command_id=new_id(),
+                issued_at=step.at,
+                expires_at=step.at + timedelta(seconds=w.command_ttl_s),
+                issuer=w.issuer,
+                target=Target(pool=step.pool),
+                reason=d.reason.value,
+                message=d.message[:1024],
+                decision_id=decision_id,
+                action=action,
+                model=step.model,
+                replicas=abs(d.replicas),
+                deadline_at=step.at + timedelta(seconds=w.load_s) if d.replicas > 0 else None,
+            ),
+            key_id=kid,
+            key=key,
+        )
+    decision = Decision(
+        decision_id=decision_id,
+        decided_at=step.at,
+        controller=CONTROLLER,
+        target=f"{step.model}@{step.region}",
+        pool=step.pool,
+        action=action.value,
+        outcome=DecisionOutcome.ADVISORY if command is None else DecisionOutcome.ISSUED,
+        reason=d.reason.value,
+        message=d.message,
+        command_id=None if command is None else command.command_id,
+        desired=float(d.desired),
+        applied=float(d.replicas),
+    )
+    return decision, command
+
+
+def add_demand(
+    app: faust.App, w: DemandWiring, registry: CollectorRegistry, shared: ControllerMetrics
+) -> list[TopicSpec]:
+    """Register ``demand.plan`` on ``app``; returns the topics it reads."""
+    del registry  # its metrics are the shared controller ones
+    planner = DemandPlanner(w)
+    names = [w.topic_prefix + DEMAND.name, w.topic_prefix + SERVING.name]
+    source = app.topic(*names, value_type=bytes, key_type=bytes)
+    forecasts = app.topic(w.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
+    commands = app.topic(w.topic_prefix + WARM_COMMANDS.name, value_type=bytes, key_type=bytes)
+    decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
+    shared.declare(CONTROLLER, [r.value for r in WarmReason])
+    timer = shared.scoring.labels("demand_forecast")
+
+    async def plan(stream: Any) -> None:
+        async for events in stream.take_events(5_000, within=0.5):
+            for e in events:
+                try:
+                    if e.message.topic == names[1]:
+                        planner.serving(decode(e.message.value, ServingMetrics))
+                        continue
+                    demand = decode(e.message.value, Demand)
+                except DecodeError:
+                    continue  # ingest dead-letters it
+                started = time.perf_counter()
+                made, steps = planner.demand(demand)
+                if made:
+                    timer.observe(time.perf_counter() - started)
+                for f in made:
+                    await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
+                for step in steps:
+                    decision, command = decide_warm(step, w)
+                    if command is not None:
+                        await commands.send(
+                            key=WARM_COMMANDS.key_for(command), value=encode(command)
+                        )
+                        shared.commands.labels("WarmCommand", command.action.value).inc()
+                    await decisions.send(key=DECISIONS.key_for(decision), value=encode(decision))
+                    shared.decisions.labels(
+                        CONTROLLER, decision.outcome.value, decision.reason
+                    ).inc()
+
+    plan.__name__ = plan.__qualname__ = "demand.plan"
+    app.agent(source, name="demand.plan", concurrency=1)(plan)
+    return [DEMAND, SERVING]

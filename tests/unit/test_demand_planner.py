@@ -1,0 +1,80 @@
+"""The demand planner: steps of demand -> forecasts with bands -> warm and cool decisions,
+and the signed warm commands they become."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from controllers.warming import WarmReason
+from schemas.commands import WarmAction
+from schemas.events import Demand, ServingMetrics
+from schemas.signing import verify
+from schemas.verdicts import DecisionOutcome
+from streams.demand import DemandPlanner, DemandWiring, decide_warm
+from tests.factories import COMMAND_KEYS, START
+
+
+def _demand(model: str, at_s: float, requests: int) -> Demand:
+    return Demand(event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=at_s),
+                  model=model, region="us-east", interval_s=1.0, requests=requests,
+                  prompt_tokens=0, generated_tokens=0)  # fmt: skip
+
+
+def _serving(model: str, at_s: float, replica: str, requests: int) -> ServingMetrics:
+    return ServingMetrics(
+        event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=at_s),
+        replica_id=replica, node_id="node-00000", model=model, pool="us-east-b200",
+        region="us-east", accelerator_type="B200", interval_s=1.0, queue_depth=0,
+        batch_size=4, tokens_per_s=100.0, requests=requests, errors=0,
+    )  # fmt: skip
+
+
+def test_a_model_wanted_and_served_nowhere_is_warmed_on_the_default_pool() -> None:
+    planner = DemandPlanner(DemandWiring(step_s=60.0, replica_rps=10.0))
+    out = []
+    for s in range(0, 130):
+        out.append(planner.demand(_demand("gemma-27b", s, 5)))
+    forecasts = [f for fs, _ in out for f in fs]
+    steps = [st for _, sts in out for st in sts]
+    assert {f.horizon_s for f in forecasts} == {60.0, 300.0, 900.0}
+    first = forecasts[0]
+    assert first.observed_rps == 5.0 and first.low_rps <= first.point_rps <= first.high_rps
+    assert first.target_at - first.made_at == timedelta(seconds=first.horizon_s)
+    warm = steps[0]
+    assert (warm.pool, warm.decision.reason) == ("us-east-h100", WarmReason.DEMAND_NOW)
+    assert warm.decision.replicas == 1  # 5 rps at 10 rps per replica
+    # the next step: that replica is loading, so nothing more is asked for
+    assert len(steps) == 1
+
+
+def test_capacity_is_learned_from_what_replicas_carried_and_the_pool_that_serves() -> None:
+    planner = DemandPlanner(DemandWiring(step_s=60.0, replica_rps=1.0))
+    steps = []
+    for s in range(0, 125):
+        for r in ("a", "b"):
+            planner.serving(_serving("qwen-7b", s, r, 20))  # each replica carries 20 rps
+        steps += planner.demand(_demand("qwen-7b", s, 40))[1]
+    # 40 rps over replicas that carried 20 each: two are enough; no warm (with 1 rps per
+    # replica, the setting, it would have asked for 40)
+    assert all(st.decision.replicas <= 0 for st in steps)
+    key = planner.keys[("qwen-7b", "us-east")]
+    assert key.capacity_rps == pytest.approx(20.0, rel=0.05)  # step edges blur a second
+
+
+def test_decisions_sign_warm_commands_or_stay_advisory() -> None:
+    planner = DemandPlanner(DemandWiring())
+    steps = []
+    for s in range(0, 61):
+        steps += planner.demand(_demand("gemma-27b", s, 30))[1]
+    [step] = steps
+    kid, key = next(iter(COMMAND_KEYS.items()))
+    decision, command = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    assert command is not None and verify(command, keys={kid: key})
+    assert (command.action, command.model, command.replicas) == (WarmAction.WARM, "gemma-27b", 3)
+    assert command.target.pool == "us-east-h100" and command.decision_id == decision.decision_id
+    assert (decision.controller, decision.outcome) == ("warming", DecisionOutcome.ISSUED)
+    advisory, none = decide_warm(step, DemandWiring())
+    assert none is None and advisory.outcome is DecisionOutcome.ADVISORY
