@@ -57,7 +57,7 @@ class DemandForecaster:
         *,
         horizons: tuple[int, ...] = (1, 5, 15),
         season: int = 1440,
-        error_alpha: float = 0.05,
+        error_alpha: float = 0.01,
         band_quantiles: tuple[float, float] = (0.1, 0.9),
         band_window: int = 500,
         hw_alpha: float = 0.3,

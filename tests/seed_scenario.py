@@ -6,8 +6,9 @@ at t=60 s; rack-0001's feed degrading at t=30 s until its breaker trips; demand
 for gemma-27b in us-east, loaded nowhere, from t=5 s. Its executors get a warm
 command for gemma-27b at t=20 s, a quarantine for the faulty device at t=60 s
 (sent twice), and a forged drain. Three malformed messages become dead letters.
-The health detector and the isolation ladder (advisory: no signing key) judge
-every event, as the worker's processors do, so verdicts and decisions are real.
+The health detector and the isolation ladder, and the demand planner
+(advisory: no signing key), see every event as the worker's processors do, so
+verdicts, forecasts and decisions are real.
 Everything goes through the real ingest split and ClickHouse sink.
 """
 
@@ -29,11 +30,12 @@ from models.health import HealthDetector
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import Command, RouteAction, RouteCommand, Target, WarmAction, WarmCommand
-from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
+from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, ServingMetrics
 from schemas.topics import (
     ACCELERATOR,
     COMMAND_RESULTS,
     DECISIONS,
+    FORECASTS,
     ROUTE_COMMANDS,
     SERVING,
     VERDICTS,
@@ -42,6 +44,7 @@ from schemas.topics import (
 )
 from schemas.verdicts import Verdict
 from streams.clickhouse_store import ClickHouseStore
+from streams.demand import DemandPlanner, DemandWiring, decide_warm
 from streams.health import HealthWiring, decide
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
@@ -112,6 +115,7 @@ def seed(store: ClickHouseStore) -> Seeded:
     guard = Guardrail(GuardrailConfig(lockout_ratio=0.75), devices={})
     ladder = IsolationLadder(LadderConfig(), guard)
     advisory = HealthWiring()
+    planner = DemandPlanner(DemandWiring(replica_rps=2.0))
 
     def judge(verdicts: list[Verdict]) -> None:
         for v in verdicts:
@@ -159,6 +163,13 @@ def seed(store: ClickHouseStore) -> Seeded:
                 judge(detector.accelerator(value))
             elif isinstance(value, ServingMetrics):
                 judge(detector.serving(value))
+                planner.serving(value)
+            elif isinstance(value, Demand):
+                forecasts, warms = planner.demand(value)
+                for f in forecasts:
+                    add(FORECASTS, f)
+                for w in warms:
+                    add(DECISIONS, decide_warm(w, DemandWiring())[0])
             elif isinstance(value, NodeHealth):
                 judge(detector.heartbeat(value))
             if (

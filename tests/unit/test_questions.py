@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from controllers.isolation import REASONS
+from controllers.warming import WarmReason
 from fleetloop.settings import REPO_ROOT
 from streams.charts import line_chart
 from streams.clickhouse_store import ClickHouseStore, QueryResult
@@ -118,7 +119,18 @@ def test_decisions_by_reason(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     by = {(r["outcome"], r["reason"], r["action"]): r for r in rows}
     # the double-bit fault, the crashed node's 8 devices and the tripped rack's 32
     assert by[("advisory", "hard_fault", "quarantine")]["targets"] == 1 + 8 + 32
-    assert all(r["controller"] == "isolation" and r["reason"] in REASONS for r in rows)
+    isolation = [r for r in rows if r["controller"] == "isolation"]
+    assert all(r["reason"] in REASONS for r in isolation)
+    warming = {r["reason"] for r in rows if r["controller"] == "warming"}
+    assert warming and warming <= {r.value for r in WarmReason}  # gemma-27b, wanted, unloaded
+    assert {r["controller"] for r in rows} == {"isolation", "warming"}
+
+
+def test_forecast_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = ask(seeded[0], "forecast_error")
+    assert rows and {r["horizon_s"] for r in rows} == {60.0}  # three minutes: one-step only
+    cold = next(r for r in rows if r["model"] == COLD_MODEL)
+    assert cold["scored"] >= 1 and cold["mase"] >= 0 and 0 <= cold["in_band_ratio"] <= 1
 
 
 def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) -> None:
