@@ -17,6 +17,10 @@ the first that refuses names the reason:
    a rack holds few nodes, so its default is a node's share);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
+Scaling a model's replicas (warm, cool) passes :meth:`Guardrail.check_scaling`:
+fail-static for both; a cool (capacity taken away) is also refused while
+locked out and limited to ``max_actions`` per ``rate_window_s`` per scope.
+
 Giving capacity back (restore) is never refused. A proposal marked ``hard``
 (the device has already failed: double-bit ECC, fallen off the bus, no
 heartbeat) takes no healthy capacity away, so it skips checks 3 and 4; it
@@ -136,6 +140,7 @@ class Guardrail:
         self.state = state if state is not None else GuardrailState()
         self._pool_size: dict[str, int] = {}
         self._rack_size: dict[str, int] = {}
+        self._scaling: dict[str, list[datetime]] = {}  # scope -> recent cools
         for pool, rack in self.devices.values():
             self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
             self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
@@ -152,6 +157,37 @@ class Guardrail:
         """Telemetry observed at ``at`` arrived (keeps the guardrail from failing static)."""
         if self.state.fresh_at is None or at > self.state.fresh_at:
             self.state.fresh_at = at
+
+    def check_scaling(
+        self, scope: str, *, remove: bool, now: datetime, telemetry_at: datetime
+    ) -> GuardDecision:
+        """A warm (``remove=False``) or cool of replicas in ``scope`` (model and pool),
+        decided on telemetry observed at ``telemetry_at``."""
+        c = self.config
+        self.observe(telemetry_at)
+        age = (now - telemetry_at).total_seconds()
+        if age > c.stale_after_s:
+            return GuardDecision(
+                False,
+                GuardReason.STALE_TELEMETRY,
+                f"telemetry {age:.0f}s old (limit {c.stale_after_s:g}s): fail static",
+            )
+        if not remove:
+            return GuardDecision(True, GuardReason.ALLOWED, f"{scope}: adding capacity")
+        if self.state.locked_out:
+            return GuardDecision(False, GuardReason.LOCKED_OUT, "locked out until a person resets")
+        window = timedelta(seconds=c.rate_window_s)
+        recent = [a for a in self._scaling.get(scope, []) if now - a <= window]
+        if len(recent) >= c.max_actions:
+            return GuardDecision(
+                False,
+                GuardReason.RATE_LIMITED,
+                f"{scope}: {len(recent)} cools in {c.rate_window_s:g}s",
+            )
+        self._scaling[scope] = [*recent, now]
+        return GuardDecision(
+            True, GuardReason.ALLOWED, f"{scope}: {len(recent) + 1} cools in window"
+        )
 
     def reset(self) -> None:
         """A person lifts the lockout."""

@@ -9,6 +9,10 @@ it asked for that are still loading), and asks the key's
 pool that already serves the model in that region (most replicas), else to
 ``default_pool``; a cool to the pool with most replicas.
 
+Every warm and cool passes the shared guardrail (:meth:`Guardrail.check_scaling`:
+fail-static on stale demand; cools rate-limited per model and pool, and none
+during a lockout); a refusal is a decision with the guardrail's reason.
+
 ``demand.plan`` adapts it: demand and serving telemetry in; forecasts on
 ``forecasts.v1``; a decision per warm or cool on ``decisions.v1``, with a signed
 ``WarmCommand`` for the warmer when a signing key is configured.
@@ -32,6 +36,8 @@ from typing import Any
 import faust
 from prometheus_client import CollectorRegistry
 
+from controllers.clock import EventClock
+from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig, GuardReason
 from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy, WarmReason
 from models.forecast import DemandForecaster
 from schemas.codec import DecodeError, decode, encode
@@ -79,13 +85,17 @@ class WarmStep:
     pool: str
     at: datetime
     decision: WarmDecision
+    guard: GuardDecision
 
 
 class DemandPlanner:
     """See the module docstring."""
 
-    def __init__(self, w: DemandWiring, *, new_id: Any = uuid.uuid4) -> None:
+    def __init__(
+        self, w: DemandWiring, *, guard: Guardrail | None = None, new_id: Any = uuid.uuid4
+    ) -> None:
         self.w = w
+        self.guard = guard or Guardrail(GuardrailConfig(), devices={})
         self.new_id = new_id
         self.horizon_steps = tuple(max(1, round(h / w.step_s)) for h in w.horizons_s)
         self.load_steps = max(1, math.ceil(w.load_s / w.step_s))
@@ -107,21 +117,26 @@ class DemandPlanner:
             k.replicas.setdefault(m.pool, set()).add(m.replica_id)
             k.served += m.requests
 
-    def demand(self, d: Demand) -> tuple[list[Forecast], list[WarmStep]]:
-        """One demand event; returns what closing a step produced (if one closed)."""
+    def demand(
+        self, d: Demand, *, now: datetime | None = None
+    ) -> tuple[list[Forecast], list[WarmStep]]:
+        """One demand event; returns what closing a step produced (if one closed). ``now``
+        (event time) judges how stale the step is; the step's end when not given."""
         k = self._key(d.model, d.region)
         step = int(d.observed_at.timestamp() // self.w.step_s)
         forecasts: list[Forecast] = []
         steps: list[WarmStep] = []
         if k.step >= 0 and step > k.step:
-            forecasts, steps = self._close(d.model, d.region, k)
+            forecasts, steps = self._close(d.model, d.region, k, now)
         if step >= k.step:
             if step > k.step:
                 k.step, k.requests = step, 0.0
             k.requests += d.requests
         return forecasts, steps
 
-    def _close(self, model: str, region: str, k: _Key) -> tuple[list[Forecast], list[WarmStep]]:
+    def _close(
+        self, model: str, region: str, k: _Key, now: datetime | None
+    ) -> tuple[list[Forecast], list[WarmStep]]:
         w = self.w
         end = datetime.fromtimestamp((k.step + 1) * w.step_s, UTC)
         rps = k.requests / w.step_s
@@ -157,10 +172,13 @@ class DemandPlanner:
         if d.replicas == 0:
             return forecasts, []
         busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
-        if d.replicas > 0:
+        guard = self.guard.check_scaling(
+            f"{model}@{busiest}", remove=d.replicas < 0, now=now or end, telemetry_at=end
+        )
+        if d.replicas > 0 and guard.allowed:
             ready_by = end + timedelta(seconds=w.load_s * 2)
             k.loading += [(busiest, ready_by)] * d.replicas
-        return forecasts, [WarmStep(model, region, busiest, end, d)]
+        return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
 
 
 def decide_warm(
@@ -171,7 +189,7 @@ def decide_warm(
     action = WarmAction.WARM if d.replicas > 0 else WarmAction.COOL
     decision_id = new_id()
     command = None
-    if w.signing_key is not None:
+    if step.guard.allowed and w.signing_key is not None:
         kid, key = w.signing_key
         command = sign(
             WarmCommand(
@@ -198,9 +216,15 @@ def decide_warm(
         target=f"{step.model}@{step.region}",
         pool=step.pool,
         action=action.value,
-        outcome=DecisionOutcome.ADVISORY if command is None else DecisionOutcome.ISSUED,
-        reason=d.reason.value,
-        message=d.message,
+        outcome=(
+            DecisionOutcome.REFUSED
+            if not step.guard.allowed
+            else DecisionOutcome.ADVISORY
+            if command is None
+            else DecisionOutcome.ISSUED
+        ),
+        reason=d.reason.value if step.guard.allowed else step.guard.reason.value,
+        message=d.message if step.guard.allowed else f"{d.message}; {step.guard.message}",
         command_id=None if command is None else command.command_id,
         desired=float(d.desired),
         applied=float(d.replicas),
@@ -214,12 +238,13 @@ def add_demand(
     """Register ``demand.plan`` on ``app``; returns the topics it reads."""
     del registry  # its metrics are the shared controller ones
     planner = DemandPlanner(w)
+    clock = EventClock()
     names = [w.topic_prefix + DEMAND.name, w.topic_prefix + SERVING.name]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     forecasts = app.topic(w.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
     commands = app.topic(w.topic_prefix + WARM_COMMANDS.name, value_type=bytes, key_type=bytes)
     decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
-    shared.declare(CONTROLLER, [r.value for r in WarmReason])
+    shared.declare(CONTROLLER, [*(r.value for r in WarmReason), *(r.value for r in GuardReason)])
     timer = shared.scoring.labels("demand_forecast")
 
     async def plan(stream: Any) -> None:
@@ -232,8 +257,9 @@ def add_demand(
                     demand = decode(e.message.value, Demand)
                 except DecodeError:
                     continue  # ingest dead-letters it
+                clock.observe(demand.observed_at, time.monotonic())
                 started = time.perf_counter()
-                made, steps = planner.demand(demand)
+                made, steps = planner.demand(demand, now=clock.now(time.monotonic()))
                 if made:
                     timer.observe(time.perf_counter() - started)
                 for f in made:

@@ -106,8 +106,8 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
     until(applied, what="the executors' results for both", proc=sim, timeout_s=60)
     # nothing else was even proposed: no false positives on the 37 healthy devices
     others = worker.sql(
-        f"SELECT DISTINCT target FROM fleetloop.decisions WHERE {where} "
-        f"AND target NOT IN ('{grey}', '{held}', '{DBE}') AND action != 'restore'"
+        f"SELECT DISTINCT target FROM fleetloop.decisions WHERE {where} AND controller = "
+        f"'isolation' AND target NOT IN ('{grey}', '{held}', '{DBE}') AND action != 'restore'"
     )
     assert others == []
 

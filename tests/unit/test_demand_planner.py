@@ -78,3 +78,17 @@ def test_decisions_sign_warm_commands_or_stay_advisory() -> None:
     assert (decision.controller, decision.outcome) == ("warming", DecisionOutcome.ISSUED)
     advisory, none = decide_warm(step, DemandWiring())
     assert none is None and advisory.outcome is DecisionOutcome.ADVISORY
+
+
+def test_a_stale_step_is_refused_by_the_guardrail_and_recorded() -> None:
+    planner = DemandPlanner(DemandWiring())
+    steps = []
+    for s in range(0, 61):  # the processor's clock says ten minutes have passed since
+        late = START + timedelta(seconds=s + 600)
+        steps += planner.demand(_demand("gemma-27b", s, 30), now=late)[1]
+    [step] = steps
+    assert not step.guard.allowed
+    kid, key = next(iter(COMMAND_KEYS.items()))
+    decision, command = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    assert command is None
+    assert (decision.outcome, decision.reason) == (DecisionOutcome.REFUSED, "stale_telemetry")

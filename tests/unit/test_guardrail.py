@@ -143,3 +143,19 @@ def test_hard_faults_skip_blast_radius_and_rate_but_not_fail_static_or_lockout()
     late = START + timedelta(minutes=5)
     decision = stale.check(Proposal("p1-d00", isolate=True, hard=True), now=late)
     assert decision.reason is GuardReason.STALE_TELEMETRY
+
+
+def test_scaling_fails_static_and_rate_limits_cools_but_not_warms() -> None:
+    g = _guard(max_actions=2)
+    now = START + timedelta(seconds=10)
+    stale = g.check_scaling("m@p", remove=False, now=now, telemetry_at=now - timedelta(minutes=5))
+    assert stale.reason is GuardReason.STALE_TELEMETRY
+    cools = [g.check_scaling("m@p", remove=True, now=now, telemetry_at=now).reason
+             for _ in range(3)]  # fmt: skip
+    assert cools == [GuardReason.ALLOWED, GuardReason.ALLOWED, GuardReason.RATE_LIMITED]
+    assert g.check_scaling("m@q", remove=True, now=now, telemetry_at=now).allowed  # per scope
+    assert g.check_scaling("m@p", remove=False, now=now, telemetry_at=now).allowed  # warms pass
+    g.state.locked_out = True
+    assert g.check_scaling("m@q", remove=True, now=now, telemetry_at=now).reason is (
+        GuardReason.LOCKED_OUT
+    )
