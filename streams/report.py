@@ -58,6 +58,22 @@ LATENCY_SQL = """
 SELECT minute, pool, sum(tpot_p95_weighted_sum_s) / greatest(sum(requests), 1)
 FROM {db}.pool_1m GROUP BY minute, pool ORDER BY minute
 """
+FORECAST_SQL = """
+SELECT f.target_at, f.model, f.point_rps, f.high_rps, a.observed_rps
+FROM {db}.forecasts AS f
+LEFT JOIN (SELECT model, region, made_at, any(observed_rps) AS observed_rps
+           FROM {db}.forecasts GROUP BY model, region, made_at) AS a
+  ON a.model = f.model AND a.region = f.region AND a.made_at = f.target_at
+WHERE f.horizon_s = (SELECT min(horizon_s) FROM {db}.forecasts)
+  AND (f.model, f.region) IN (SELECT model, region FROM {db}.forecasts
+                              GROUP BY model, region ORDER BY sum(observed_rps) DESC LIMIT 2)
+ORDER BY f.target_at
+"""
+WARM_SQL = """
+SELECT decided_at, concat(action, ' ', target, ' x', toString(abs(toInt64(applied))))
+FROM {db}.decisions WHERE controller = 'warming' AND outcome != 'refused'
+ORDER BY decided_at LIMIT 40
+"""
 ACTIONS_SQL = """
 SELECT issued_at, concat(action, ' ', coalesce(target_device_uuid, target_node_id, target_pool, ''))
 FROM {db}.commands ORDER BY issued_at LIMIT 1 BY command_id LIMIT 40
@@ -152,6 +168,23 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         demand.setdefault(f"{model} demanded", []).append((as_utc(minute), _num(requests)))
         demand.setdefault(f"{model} served", []).append((as_utc(minute), _num(served)))
     out.append(line_chart("demand against served, requests per minute", demand, y_label="requests"))
+    forecast: dict[str, list[Point]] = {}
+    for target_at, model, point, high, actual in query(FORECAST_SQL.format(db=db)).rows:
+        at = as_utc(target_at)
+        forecast.setdefault(f"{model} forecast", []).append((at, _num(point)))
+        forecast.setdefault(f"{model} band top", []).append((at, _num(high)))
+        # a LEFT JOIN miss reads 0 (chDB's defaults): the step has not come yet
+        if _num(actual):
+            forecast.setdefault(f"{model} actual", []).append((at, _num(actual)))
+    warms = [(as_utc(t), str(label)) for t, label in query(WARM_SQL.format(db=db)).rows]
+    out.append(
+        line_chart(
+            "demand forecast (shortest horizon, with the band's top) against actual, and warming",
+            forecast,
+            markers=warms,
+            y_label="requests/s",
+        )
+    )
     latency: dict[str, list[Point]] = {}
     for minute, pool, tpot in query(LATENCY_SQL.format(db=db)).rows:
         latency.setdefault(str(pool), []).append((as_utc(minute), _num(tpot)))

@@ -257,7 +257,8 @@ def test_report_answers_everything_and_draws_the_isolation(
     assert [a.error for a in answers if a.error] == []
     assert {a.question.name for a in answers} == set(QUESTIONS)
     svgs = charts(query, database=db.database, device=device)
-    assert len(svgs) == 3 and all("<polyline" in s for s in svgs)
+    assert len(svgs) == 4 and all("<polyline" in s for s in svgs)
+    assert " forecast" in svgs[2] and " actual" in svgs[2] and "warm gemma-27b@us-east" in svgs[2]
     assert "quarantine (double_bit_ecc)" in svgs[0]
     html = render_html(answers, svgs, title="t")
     for name in QUESTIONS:
