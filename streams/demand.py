@@ -49,6 +49,7 @@ from schemas.verdicts import Decision, DecisionOutcome, Forecast
 from streams.controller_metrics import ControllerMetrics
 
 CONTROLLER = "warming"
+MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,12 @@ class DemandPlanner:
         steps: list[WarmStep] = []
         if k.step >= 0 and step > k.step:
             forecasts, steps = self._close(d.model, d.region, k, now)
+            # steps without a single demand event had none: the series learns their zeros
+            for gap in range(k.step + 1, min(step, k.step + 1 + MAX_GAP_STEPS)):
+                k.step, k.requests = gap, 0.0
+                more, more_steps = self._close(d.model, d.region, k, now)
+                forecasts += more
+                steps += more_steps
         if step >= k.step:
             if step > k.step:
                 k.step, k.requests = step, 0.0

@@ -92,3 +92,13 @@ def test_a_stale_step_is_refused_by_the_guardrail_and_recorded() -> None:
     decision, command = decide_warm(step, DemandWiring(signing_key=(kid, key)))
     assert command is None
     assert (decision.outcome, decision.reason) == (DecisionOutcome.REFUSED, "stale_telemetry")
+
+
+def test_steps_without_demand_are_learned_as_zeros() -> None:
+    planner = DemandPlanner(DemandWiring())
+    for s in range(0, 60):
+        planner.demand(_demand("gemma-27b", s, 30))
+    forecasts, _ = planner.demand(_demand("gemma-27b", 600, 30))  # nine quiet minutes later
+    made = sorted({f.made_at for f in forecasts})
+    assert len(made) == 10  # the step with demand, then nine with none
+    assert [f.observed_rps for f in forecasts if f.horizon_s == 60.0][1:] == [0.0] * 9
