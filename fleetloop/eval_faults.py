@@ -25,7 +25,6 @@ import secrets
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -180,17 +179,12 @@ def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
             if command is not None:
                 host.handle(command, now=sim.now, received_at=sim.now)
 
-    steps: dict[type[object], Callable[..., list[Verdict]]] = {
-        AcceleratorTelemetry: detector.accelerator,
-        ServingMetrics: detector.serving,
-        NodeHealth: detector.heartbeat,
-    }
+    judged = (AcceleratorTelemetry, NodeHealth, ServingMetrics)
     for n in range(sim.ticks or 0):
         out: list[Verdict] = []
         for _spec, event in sim.tick(n):
-            step = steps.get(type(event))
-            if step is not None:
-                out += step(event)
+            if isinstance(event, judged):
+                out += detector.observe(event)
         out += detector.tick(sim.now)
         verdicts += out
         for v in out:

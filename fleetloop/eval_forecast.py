@@ -91,6 +91,14 @@ class PolicyResult:
     added_latency: list[tuple[float, float]] = field(default_factory=list)  # (seconds, count)
     actions: int = 0
 
+    def merge(self, other: PolicyResult) -> None:
+        self.requests += other.requests
+        self.cold += other.cold
+        self.replica_steps += other.replica_steps
+        self.busy_steps += other.busy_steps
+        self.added_latency += other.added_latency
+        self.actions += other.actions
+
     def p99_added_latency_s(self) -> float:
         total = sum(n for _, n in self.added_latency) + (self.requests - self.cold)
         if total <= 0:
@@ -209,19 +217,10 @@ def run_eval_forecast(
             series, step_s=step_s, replica_rps=replica_rps, load_s=load_s,
             keepalive_s=keepalive_s, horizons=horizons, season=season,
         )  # fmt: skip
-        for key, e in score.errors.items():
-            t = total.errors[key]
-            t.n, t.abs_sum = t.n + e.n, t.abs_sum + e.abs_sum
-            t.smape_sum, t.smape_n = t.smape_sum + e.smape_sum, t.smape_n + e.smape_n
+        total.merge(score)
         per_model[model] = {"steps": len(series), "forecast": score.table(horizons)}
         for name, res in results.items():
-            s = sums[name]
-            s.requests += res.requests
-            s.cold += res.cold
-            s.replica_steps += res.replica_steps
-            s.busy_steps += res.busy_steps
-            s.added_latency += res.added_latency
-            s.actions += res.actions
+            sums[name].merge(res)
     step_h = step_s / 3600.0
     h1, h5, h15 = horizons
     out: dict[str, Any] = {

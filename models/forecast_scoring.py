@@ -31,6 +31,12 @@ class HorizonErrors:
             self.smape_sum += 2.0 * abs(forecast - actual) / denominator
             self.smape_n += 1
 
+    def merge(self, other: HorizonErrors) -> None:
+        self.n += other.n
+        self.abs_sum += other.abs_sum
+        self.smape_sum += other.smape_sum
+        self.smape_n += other.smape_n
+
     @property
     def mae(self) -> float:
         return self.abs_sum / self.n if self.n else math.nan
@@ -48,6 +54,11 @@ class ForecastScore:
 
     def add(self, model: str, h: int, forecast: float, actual: float) -> None:
         self.errors[(model, h)].add(forecast, actual)
+
+    def merge(self, other: ForecastScore) -> None:
+        """Add ``other``'s errors (another series) to these."""
+        for key, e in other.errors.items():
+            self.errors[key].merge(e)
 
     def mase(self, model: str, h: int) -> float:
         naive = [

@@ -59,6 +59,7 @@ import math
 import uuid
 from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
 from models.cohort import Cohorts
@@ -94,13 +95,30 @@ class HealthDetector:
         self.node_source: dict[str, Hashable] = {}
         self.watermarks: dict[Hashable, float] = {}  # source -> newest event time read from it
         self.lost_nodes: set[str] = set()
-        self.now_s = -math.inf
         self.tpot_peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
         self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
         self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
         self.thermal_fit: dict[AcceleratorType, EwRegression] = {}
 
     # -- inputs ---------------------------------------------------------------------------
+
+    def observe(
+        self,
+        event: AcceleratorTelemetry | NodeHealth | ServingMetrics,
+        *,
+        appended_at: datetime | None = None,
+        received_s: float | None = None,
+        source: Hashable = None,
+    ) -> list[Verdict]:
+        """Any of the three families the detector reads, to its own step."""
+        kw: dict[str, Any] = {
+            "appended_at": appended_at, "received_s": received_s, "source": source
+        }  # fmt: skip
+        if isinstance(event, AcceleratorTelemetry):
+            return self.accelerator(event, **kw)
+        if isinstance(event, NodeHealth):
+            return self.heartbeat(event, **kw)
+        return self.serving(event, **kw)
 
     def accelerator(
         self,
@@ -111,7 +129,6 @@ class HealthDetector:
         source: Hashable = None,
     ) -> list[Verdict]:
         c, t = self.config, s.observed_at.timestamp()
-        self.now_s = max(self.now_s, t)
         self._advance(source, t)
         d = self.devices.get(s.device_uuid)
         if d is None:
@@ -148,7 +165,6 @@ class HealthDetector:
         if d is None or m.tpot_p50_s is None or m.tpot_p50_s <= 0 or m.requests == 0:
             return []
         c, t = self.config, m.observed_at.timestamp()
-        self.now_s = max(self.now_s, t)
         if t - d.tpot_seen_s > c.tpot_stale_s:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
@@ -186,7 +202,6 @@ class HealthDetector:
         source: Hashable = None,
     ) -> list[Verdict]:
         t = h.observed_at.timestamp()
-        self.now_s = max(self.now_s, t)
         self._advance(source, t)
         self.nodes[h.node_id] = t
         self.node_source[h.node_id] = source
@@ -224,7 +239,6 @@ class HealthDetector:
         """Time passed: heartbeat losses. ``now`` is event time, ``wall_s`` processing time
         (the clock ``received_s`` came from)."""
         t = now.timestamp()
-        self.now_s = max(self.now_s, t)
         silent = {n for n, seen in self.nodes.items() if self._behind(n, seen)}
         quiet = {
             n

@@ -159,7 +159,7 @@ def create_app(
         read = add_health(app, config.health, registry, shared)
         sources += [s for s in read if s not in sources]
     if config.demand is not None:
-        read = add_demand(app, config.demand, registry, shared)
+        read = add_demand(app, config.demand, shared)
         sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)

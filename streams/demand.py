@@ -34,7 +34,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry
 
 from controllers.clock import EventClock
 from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig, GuardReason
@@ -239,11 +238,8 @@ def decide_warm(
     return decision, command
 
 
-def add_demand(
-    app: faust.App, w: DemandWiring, registry: CollectorRegistry, shared: ControllerMetrics
-) -> list[TopicSpec]:
+def add_demand(app: faust.App, w: DemandWiring, shared: ControllerMetrics) -> list[TopicSpec]:
     """Register ``demand.plan`` on ``app``; returns the topics it reads."""
-    del registry  # its metrics are the shared controller ones
     planner = DemandPlanner(w)
     clock = EventClock()
     names = [w.topic_prefix + DEMAND.name, w.topic_prefix + SERVING.name]

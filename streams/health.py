@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -111,10 +110,10 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
     names = [w.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     verdicts = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
-    kinds: dict[str, tuple[type[Any], Callable[..., list[Verdict]], Any]] = {
-        names[0]: (AcceleratorTelemetry, detector.accelerator, m.scoring.labels("health_device")),
-        names[1]: (NodeHealth, detector.heartbeat, m.scoring.labels("health_node")),
-        names[2]: (ServingMetrics, detector.serving, m.scoring.labels("health_peers")),
+    kinds: dict[str, tuple[type[Any], Any]] = {
+        names[0]: (AcceleratorTelemetry, m.scoring.labels("health_device")),
+        names[1]: (NodeHealth, m.scoring.labels("health_node")),
+        names[2]: (ServingMetrics, m.scoring.labels("health_peers")),
     }
     by_status = {s: m.verdicts.labels(s.value) for s in HealthStatus}
 
@@ -124,7 +123,7 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
             newest: datetime | None = None
             received = time.monotonic()
             for e in events:
-                value_type, step, timer = kinds[e.message.topic]
+                value_type, timer = kinds[e.message.topic]
                 try:
                     value = decode(e.message.value, value_type)
                 except DecodeError:
@@ -133,7 +132,9 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
                 appended = datetime.fromtimestamp(e.message.timestamp, UTC)
                 started = time.perf_counter()
                 source = (e.message.topic, e.message.partition)
-                out += step(value, appended_at=appended, received_s=received, source=source)
+                out += detector.observe(
+                    value, appended_at=appended, received_s=received, source=source
+                )
                 timer.observe(time.perf_counter() - started)
                 newest = value.observed_at if newest is None else max(newest, value.observed_at)
             if newest is not None:

@@ -159,10 +159,9 @@ def seed(store: ClickHouseStore) -> Seeded:
                 command(ROUTE_COMMANDS, c)
         for spec, value in sim.tick(n):
             add(spec, value)
-            if isinstance(value, AcceleratorTelemetry):
-                judge(detector.accelerator(value))
-            elif isinstance(value, ServingMetrics):
-                judge(detector.serving(value))
+            if isinstance(value, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                judge(detector.observe(value))
+            if isinstance(value, ServingMetrics):
                 planner.serving(value)
             elif isinstance(value, Demand):
                 forecasts, warms = planner.demand(value)
@@ -170,8 +169,6 @@ def seed(store: ClickHouseStore) -> Seeded:
                     add(FORECASTS, f)
                 for w in warms:
                     add(DECISIONS, decide_warm(w, DemandWiring())[0])
-            elif isinstance(value, NodeHealth):
-                judge(detector.heartbeat(value))
             if (
                 dbe_sample is None
                 and isinstance(value, AcceleratorTelemetry)

@@ -18,12 +18,8 @@ def _feed(det: HealthDetector, sim: Simulation, ticks: int) -> list[Verdict]:
     out: list[Verdict] = []
     for n in range(ticks):
         for _spec, ev in sim.tick(n):
-            if isinstance(ev, AcceleratorTelemetry):
-                out += det.accelerator(ev)
-            elif isinstance(ev, ServingMetrics):
-                out += det.serving(ev)
-            elif isinstance(ev, NodeHealth):
-                out += det.heartbeat(ev)
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                out += det.observe(ev)
         out += det.tick(sim.now)
     return out
 
