@@ -90,6 +90,7 @@ class HealthDetector:
         self.config = config or HealthConfig()
         self.new_id = new_id
         self.devices: dict[str, DeviceState] = {}
+        self.node_devices: dict[str, list[str]] = {}  # node -> its devices, as first seen
         self.nodes: dict[str, float] = {}  # node -> newest heartbeat (epoch s)
         self.nodes_wall: dict[str, float] = {}  # node -> when it arrived (processing time)
         self.node_source: dict[str, Hashable] = {}
@@ -135,6 +136,7 @@ class HealthDetector:
             d = self.devices[s.device_uuid] = DeviceState(
                 s.node_id, s.region, s.rack_id, s.accelerator_type
             )
+            self.node_devices.setdefault(s.node_id, []).append(s.device_uuid)
         dt, d.seen_s, d.source = t - d.seen_s, t, source
         if s.sm_clock_mhz is not None and s.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, s.sm_clock_mhz)
@@ -230,9 +232,9 @@ class HealthDetector:
             d.probe_slow = d.probe_slow + 1 if slow else 0
             if not slow:
                 self.probe_peers.learn(d.kind, x, p.device_uuid)
-        for device_uuid, d in self.devices.items():
-            if d.node_id == h.node_id:
-                out.extend(self._judge(device_uuid, d, t, h.event_id, appended_at))
+        for device_uuid in self.node_devices.get(h.node_id, ()):
+            d = self.devices[device_uuid]
+            out.extend(self._judge(device_uuid, d, t, h.event_id, appended_at))
         return out
 
     def tick(self, now: datetime, *, wall_s: float = math.inf) -> list[Verdict]:
@@ -250,9 +252,9 @@ class HealthDetector:
         newly = silent - self.lost_nodes
         self.lost_nodes = silent
         out: list[Verdict] = []
-        for device_uuid, d in self.devices.items():
-            if d.node_id in newly:
-                out.extend(self._judge(device_uuid, d, t, None, None))
+        for node in sorted(newly):
+            for device_uuid in self.node_devices.get(node, ()):
+                out.extend(self._judge(device_uuid, self.devices[device_uuid], t, None, None))
         return out
 
     def _advance(self, source: Hashable, t: float) -> None:
