@@ -34,7 +34,11 @@ def trace_counts(path: Path, fmt: str, *, step_s: float, seed: int = 7) -> dict[
     """Requests per step for each model in the trace."""
     if fmt == "azure-llm":
         demand = AzureTraceDemand(path, model="trace", region_shares={"all": 1.0}, step_s=step_s)
-        return {"trace": [rps * step_s for rps in demand.series["trace"].rps]}
+        # the last step ends at the last request, not at the step's end: it is partial
+        counts = [rps * step_s for rps in demand.series["trace"].rps][:-1]
+        if len(counts) < 2:
+            raise ValueError(f"{path}: the trace spans less than two {step_s:g} s steps")
+        return {"trace": counts}
     if fmt == "rate-csv":
         rates = RateCsvDemand(path, models=(), region_shares={"all": 1.0}, model_map=None)
         rng = random.Random(seed)
@@ -151,7 +155,11 @@ def replay(
     fleets = {name: Replicas(load_steps) for name in ("ours", "keepalive", "reactive")}
     results = {name: PolicyResult() for name in fleets}
     pending: dict[int, list[tuple[str, int, float]]] = {}
-    scored_from = season + 1 if len(series) > 2 * season + max(horizons) else 60
+    # scored once the seasonal baseline exists; a trace too short for that is scored
+    # after a warm-up of a quarter of it (at most an hour of one-minute steps)
+    scored_from = (
+        season + 1 if len(series) > 2 * season + max(horizons) else min(60, len(series) // 4)
+    )
     for t, demand in enumerate(series):
         for model, h, value in pending.pop(t, []):
             if t >= scored_from:

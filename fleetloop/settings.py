@@ -193,8 +193,19 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     )
     replica_rps: float = Field(10.0, gt=0, description="demand: what one replica serves")
     load_s: float = Field(60.0, gt=0, description="demand: how long a replica takes to load")
+    load_s_by_accelerator: str = Field(
+        "",
+        pattern=r"^([a-z0-9]+=[0-9]+(\.[0-9]+)?(,[a-z0-9]+=[0-9]+(\.[0-9]+)?)*)?$",
+        description="demand: load time per accelerator type, e.g. h100=30,mi300x=45",
+    )
     command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
 
     @property
     def roles(self) -> set[str]:
         return set(self.processors.split(","))
+
+    @property
+    def load_times_s(self) -> dict[str, float]:
+        """``load_s_by_accelerator`` as a mapping (``h100=30`` -> ``{"h100": 30.0}``)."""
+        pairs = (item.split("=") for item in self.load_s_by_accelerator.split(",") if item)
+        return {accelerator: float(seconds) for accelerator, seconds in pairs}

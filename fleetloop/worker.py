@@ -51,6 +51,7 @@ def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
         signing_key=key,
         replica_rps=settings.replica_rps,
         load_s=settings.load_s,
+        load_s_by_accelerator=settings.load_times_s,
     )
 
 

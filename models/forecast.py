@@ -10,7 +10,10 @@ one region, say) and forecasts it ``h`` steps ahead for each horizon in
   over past seasons (a seasonal naive forecast with its noise averaged out);
 - ``holt_winters``: river's additive Holt-Winters (with the season once the
   series has shown a whole one, Holt's linear trend before that);
-- ``level``: an exponentially weighted mean (what a smoothed rate would say).
+- ``level_<alpha>``: exponentially weighted means at several gains
+  (``level_alphas``): between persistence (gain 1) and a long mean, the gain
+  that suits the series' noise against its drift is found by the same online
+  choice rather than fixed.
 
 Every forecast is kept until its target step arrives and then scored; each
 candidate's recent absolute error per horizon is an exponentially weighted
@@ -38,7 +41,7 @@ from typing import Any
 
 from river import stats, time_series
 
-CANDIDATES = ("persistence", "seasonal_naive", "seasonal_mean", "holt_winters", "level")
+BASE_CANDIDATES = ("persistence", "seasonal_naive", "seasonal_mean", "holt_winters")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,31 +66,34 @@ class DemandForecaster:
         hw_alpha: float = 0.3,
         hw_beta: float = 0.01,
         hw_gamma: float = 0.2,
-        level_alpha: float = 0.2,
+        level_alphas: tuple[float, ...] = (0.1, 0.3, 0.6),
     ) -> None:
         if not horizons or min(horizons) < 1:
             raise ValueError(f"horizons are steps ahead, at least 1: {horizons!r}")
         self.horizons = tuple(sorted(set(horizons)))
         self.season = season
         self.error_alpha = error_alpha
-        self.level_alpha = level_alpha
+        if not all(0.0 < a < 1.0 for a in level_alphas):
+            raise ValueError(f"level gains are in (0, 1): {level_alphas!r}")
+        self.level_alphas = tuple(level_alphas)
+        self.candidates = (*BASE_CANDIDATES, *(f"level_{a:g}" for a in self.level_alphas))
         self.hw_params = (hw_alpha, hw_beta, hw_gamma)
         self.n = 0
         self.history: deque[float] = deque(maxlen=max(season, max(self.horizons)) + 1)
-        self.level = 0.0
+        self.levels = [0.0] * len(self.level_alphas)
         self.season_alpha = 0.3
         self.phase_mean: list[float] = []  # per phase of the season, once one has passed
         # river's time series models are untyped: kept as Any at this one boundary
         self._hw_trend: Any = _holt_winters(alpha=hw_alpha, beta=hw_beta)
         self._hw_season: Any = None
-        self.errors = {(m, h): math.nan for m in CANDIDATES for h in self.horizons}
+        self.errors = {(m, h): math.nan for m in self.candidates for h in self.horizons}
         lo, hi = band_quantiles
         self.residuals = {
             (m, h): (
                 stats.RollingQuantile(q=lo, window_size=band_window),
                 stats.RollingQuantile(q=hi, window_size=band_window),
             )
-            for m in CANDIDATES
+            for m in self.candidates
             for h in self.horizons
         }
         # forecasts made, waiting for their target step: step -> [(model, horizon, value)]
@@ -109,7 +115,8 @@ class DemandForecaster:
                 self.phase_mean.append(y)
             else:
                 self.phase_mean[phase] += self.season_alpha * (y - self.phase_mean[phase])
-        self.level = y if self.n == 0 else self.level + self.level_alpha * (y - self.level)
+        for i, a in enumerate(self.level_alphas):
+            self.levels[i] = y if self.n == 0 else self.levels[i] + a * (y - self.levels[i])
         self._hw_trend.learn_one(y)
         if self._hw_season is None and self.season > 1 and self.n + 1 >= 2 * self.season:
             # a whole season seen twice: start the seasonal model on it (river's needs one)
@@ -144,8 +151,9 @@ class DemandForecaster:
         last = self.history[-1]
         out: dict[str, dict[int, float]] = {
             "persistence": {h: last for h in self.horizons},
-            "level": {h: self.level for h in self.horizons},
         }
+        for name, value in zip(self.candidates[len(BASE_CANDIDATES) :], self.levels, strict=True):
+            out[name] = {h: value for h in self.horizons}
         if self.season > 1 and len(self.history) > self.season:
             hist = self.history
             # the value one season before the target step (or the latest we have)

@@ -19,8 +19,11 @@ during a lockout); a refusal is a decision with the guardrail's reason.
 
 One replica's capacity is the highest rate per replica the key's replicas
 have carried so far (``replica_rps`` until they have carried any): a
-conservative estimate that grows with the load the fleet has seen. The load
-time (``load_s``) is a setting, the same for every model and pool.
+conservative estimate that grows with the load the fleet has seen. A
+replica's load time is per accelerator type (``load_s_by_accelerator``, the
+pool name's last part; ``load_s`` for the rest): a warm for a pool is judged
+on the forecast one of that pool's load times ahead, and every load time is
+one of the horizons forecast.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import time
 import uuid
 from collections import Counter as Tally
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -62,8 +66,18 @@ class DemandWiring:
     season_s: float = 86_400.0
     replica_rps: float = 10.0
     load_s: float = 60.0
+    load_s_by_accelerator: Mapping[str, float] = field(default_factory=dict)
     pool_suffix: str = "h100"  # default pool of a region for a model served nowhere there
     warming: WarmingConfig = field(default_factory=WarmingConfig)
+
+    def __post_init__(self) -> None:
+        bad = {a: s for a, s in self.load_s_by_accelerator.items() if not s > 0}
+        if bad or not self.load_s > 0:
+            raise ValueError(f"load times are positive seconds: {bad or self.load_s!r}")
+
+    def load_s_for(self, pool: str) -> float:
+        """How long a replica takes to load in ``pool`` (``us-east-h100`` -> ``h100``'s)."""
+        return self.load_s_by_accelerator.get(pool.rsplit("-", 1)[-1], self.load_s)
 
 
 @dataclass(slots=True)
@@ -97,9 +111,17 @@ class DemandPlanner:
         self.w = w
         self.guard = guard or Guardrail(GuardrailConfig(), devices={})
         self.new_id = new_id
-        self.horizon_steps = tuple(max(1, round(h / w.step_s)) for h in w.horizons_s)
-        self.load_steps = max(1, math.ceil(w.load_s / w.step_s))
+        loads = (w.load_s, *w.load_s_by_accelerator.values())
+        self.horizon_steps = tuple(
+            sorted(
+                {max(1, round(h / w.step_s)) for h in w.horizons_s}
+                | {self._steps(s) for s in loads}
+            )
+        )
         self.keys: dict[tuple[str, str], _Key] = {}
+
+    def _steps(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds / self.w.step_s))
 
     def _key(self, model: str, region: str) -> _Key:
         k = self.keys.get((model, region))
@@ -171,18 +193,20 @@ class DemandPlanner:
         if ready:
             k.capacity_rps = max(k.capacity_rps, k.served / w.step_s / ready)
         k.replicas, k.served = {}, 0.0
+        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
+        load_s = w.load_s_for(busiest)
         d = k.policy.step(
             step=k.step, bands=bands, ready=ready, loading=len(k.loading),
-            capacity=k.capacity_rps or w.replica_rps, load_steps=self.load_steps, observed=rps,
+            capacity=k.capacity_rps or w.replica_rps, load_steps=self._steps(load_s),
+            observed=rps,
         )  # fmt: skip
         if d.replicas == 0:
             return forecasts, []
-        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
         guard = self.guard.check_scaling(
             f"{model}@{busiest}", remove=d.replicas < 0, now=now or end, telemetry_at=end
         )
         if d.replicas > 0 and guard.allowed:
-            ready_by = end + timedelta(seconds=w.load_s * 2)
+            ready_by = end + timedelta(seconds=load_s * 2)
             k.loading += [(busiest, ready_by)] * d.replicas
         return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
 
@@ -210,7 +234,9 @@ def decide_warm(
                 action=action,
                 model=step.model,
                 replicas=abs(d.replicas),
-                deadline_at=step.at + timedelta(seconds=w.load_s) if d.replicas > 0 else None,
+                deadline_at=(
+                    step.at + timedelta(seconds=w.load_s_for(step.pool)) if d.replicas > 0 else None
+                ),
             ),
             key_id=kid,
             key=key,

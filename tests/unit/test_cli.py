@@ -28,6 +28,15 @@ def test_bad_settings_exit_with_a_clear_message() -> None:
         _settings(WorkerSettings, args)
 
 
+def test_load_times_per_accelerator_are_a_flag() -> None:
+    args = build_parser().parse_args(["worker", "--load-s-by-accelerator", "h100=30,mi300x=45.5"])
+    assert _settings(WorkerSettings, args).load_times_s == {"h100": 30.0, "mi300x": 45.5}
+    assert WorkerSettings().load_times_s == {}
+    args = build_parser().parse_args(["worker", "--load-s-by-accelerator", "h100:30"])
+    with pytest.raises(SystemExit, match="load_s_by_accelerator"):
+        _settings(WorkerSettings, args)
+
+
 def test_schemas_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schemas", "export", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())

@@ -102,3 +102,25 @@ def test_steps_without_demand_are_learned_as_zeros() -> None:
     made = sorted({f.made_at for f in forecasts})
     assert len(made) == 10  # the step with demand, then nine with none
     assert [f.observed_rps for f in forecasts if f.horizon_s == 60.0][1:] == [0.0] * 9
+
+
+def test_each_accelerators_load_time_is_a_horizon_and_sets_its_warm_deadline() -> None:
+    w = DemandWiring(step_s=60.0, load_s=60.0, load_s_by_accelerator={"mi300x": 420.0})
+    assert w.load_s_for("eu-west-mi300x") == 420.0 and w.load_s_for("us-east-b200") == 60.0
+    planner = DemandPlanner(w)
+    assert planner.horizon_steps == (1, 5, 7, 15)  # 420 s = 7 one-minute steps
+    steps = []
+    for s in range(0, 61):
+        planner.serving(
+            _serving("qwen-7b", s, "a", 10).model_copy(update={"pool": "us-east-mi300x"})
+        )
+        steps += planner.demand(_demand("qwen-7b", s, 30))[1]
+    [step] = steps
+    assert step.pool == "us-east-mi300x" and step.decision.replicas > 0
+    kid, key = next(iter(COMMAND_KEYS.items()))
+    _, command = decide_warm(
+        step, DemandWiring(signing_key=(kid, key), load_s_by_accelerator={"mi300x": 420.0})
+    )
+    assert command is not None and command.deadline_at == step.at + timedelta(seconds=420)
+    with pytest.raises(ValueError, match="positive"):
+        DemandWiring(load_s_by_accelerator={"h100": 0.0})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.sim.fleet import poisson
 from controllers.warming import WarmingConfig, WarmingPolicy, WarmReason, replicas_for
 from fleetloop.cli import main
 from models.forecast import Band, DemandForecaster
@@ -113,14 +114,30 @@ def test_budget_stops_prewarming_but_not_demand() -> None:
         replicas_for(1.0, 0.0)
 
 
+def test_the_smoothing_gain_is_chosen_by_error_not_fixed() -> None:
+    rng = random.Random(4)
+    noisy = DemandForecaster(horizons=(1,), season=1440)
+    drifting = DemandForecaster(horizons=(1,), season=1440)
+    level = 1000.0
+    for _ in range(600):
+        noisy.learn_one(float(poisson(rng, 400.0)))  # steady rate, counting noise only
+        level = max(0.0, level + rng.gauss(0.0, 60.0))  # a random walk, little noise
+        drifting.learn_one(level + rng.gauss(0.0, 2.0))
+    assert noisy.best(1) == "level_0.1"
+    assert drifting.best(1) in ("persistence", "level_0.6")
+    with pytest.raises(ValueError, match="gains"):
+        DemandForecaster(level_alphas=(1.5,))
+
+
+@pytest.mark.parametrize("hours", [4, 1])  # one hour: too short for a seasonal baseline
 def test_eval_forecast_on_an_azure_trace(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    hours: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rng = random.Random(9)
     start = datetime(2023, 11, 16, 18, 0, 0)
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     t = 0.0
-    while t < 4 * 3600:  # four hours, a rate rising and falling every hour
+    while t < hours * 3600:  # a rate rising and falling every hour
         rate = 3.0 + 2.0 * math.sin(2 * math.pi * t / 3600)
         t += rng.expovariate(rate)
         rows.append(f"{start + timedelta(seconds=t):%Y-%m-%d %H:%M:%S.%f},{rng.randint(50, 900)},"
@@ -133,6 +150,6 @@ def test_eval_forecast_on_an_azure_trace(
     out = json.loads(capsys.readouterr().out)
     for key in ("mase_5m", "smape_5m", "cold_start_fraction", "cold_start_fraction_keepalive",
                 "idle_gpu_hours", "idle_gpu_hours_keepalive"):  # fmt: skip
-        assert isinstance(out[key], float), key
+        assert isinstance(out[key], float) and math.isfinite(out[key]), key
     assert 0.0 <= out["cold_start_fraction"] <= out["cold_start_fraction_reactive"]
     assert out["idle_gpu_hours_reactive"] <= out["idle_gpu_hours_keepalive"]
