@@ -293,6 +293,19 @@ def _cmd_eval_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_control(args: argparse.Namespace) -> int:
+    from fleetloop.control_scenario import ControlScenarioError, load_control_scenario
+    from fleetloop.eval_control import format_control, run_eval_control
+
+    try:
+        scenario = load_control_scenario(Path(args.scenario))
+    except ControlScenarioError as exc:
+        raise SystemExit(f"fleetloop: {exc}") from None
+    result = run_eval_control(scenario)
+    print(json.dumps(result, sort_keys=True) if args.json else format_control(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetloop", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -412,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--keepalive-s", type=float, default=600.0, help="the fixed keep-alive baseline"
     )
     forecast.set_defaults(func=_cmd_eval_forecast)
+    control = evals.add_parser(
+        "control", help="a pool through a control scenario: our controllers, static, HPA-style"
+    )
+    control.add_argument("--scenario", required=True, help="control scenario file (YAML)")
+    control.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    control.set_defaults(func=_cmd_eval_control)
     return parser
 
 

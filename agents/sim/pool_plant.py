@@ -1,0 +1,206 @@
+"""A serving pool as a fluid model, one-second steps, for evaluating the control loop.
+
+Load is in units of the pool's saturation at full clocks (``x = lambda * g *
+t0 / 128`` summed over the pool: 1 means the batch grows without bound). With
+clock ratio ``c`` and slowdown ``k`` a load ``x`` keeps the devices busy
+``x_eff = x * k / c``; the batch is ``128 x_eff / (1 - x_eff)`` and
+
+    tpot_p95 = t0 * k / c * (1 + spread) / (1 - x_eff)
+
+(Little's law with ``tpot = t0 (1 + batch / 128)``, as in :mod:`agents.sim.fleet`).
+The router admits work while the batch is under the batch-size target (the
+TPOT guard's lever) and, with ``priority``, while the token time it measures
+on the running batch (milliseconds of evidence) stays under ``admit_ratio``
+of the SLO; the rest waits in a queue. A device draws ``idle + dyn * x_eff * c`` watts, held
+under its cap by lowering its clock (the firmware's job).
+
+Three classes of work arrive each second: baseline (the scenario's profile
+with noise), batch (deferrable) and optional (what the capacity budget lets
+in). With ``priority`` the router serves baseline first, then batch, then
+optional, and its :class:`~controllers.shedding.LoadShedder` degrades or drops
+queued lower-value work by the queue's delay; without, all share one FIFO
+queue and nothing is shed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from controllers.shedding import Admission, LoadShedder, ShedConfig, WorkClass
+
+SLOT_SHARE = 128.0
+OPTIONAL_TIMEOUT_S = 30.0  # optional work that waited this long is abandoned
+
+
+def slots(batch: int) -> float:
+    """The busy share at which the batch reaches ``batch`` sequences."""
+    return batch / (SLOT_SHARE + batch)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    devices: int
+    racks: int
+    tpot_base_s: float
+    spread_ratio: float
+    tpot_slo_s: float
+    wait_slo_s: float  # baseline queueing delay allowed (TTFT minus prefill)
+    idle_watts: float
+    max_watts: float
+    min_watts: float
+    host_watts_per_rack: float
+    low_clock_ratio: float = 0.7
+    admit_ratio: float = 0.97
+
+
+@dataclass(slots=True)
+class Second:
+    """What one second looked like."""
+
+    baseline_tpot_s: float
+    baseline_wait_s: float
+    optional_served: float
+    optional_offered: float
+    batch_served: float
+    rack_watts: list[float]
+    queue_delay_s: float
+    load_ratio: float  # in service and waiting, over what the batch slots hold
+    x_served: float
+
+
+@dataclass(slots=True)
+class PoolPlant:
+    shape: PoolShape
+    priority: bool
+    seed: int
+    max_batch: int = 256
+    caps: list[float] = field(default_factory=list)  # per device
+    low_clock: list[bool] = field(default_factory=list)
+    batch_target: int = 256
+    slowdown: float = 1.0
+    queues: dict[WorkClass, float] = field(default_factory=dict)
+    optional_age_s: float = 0.0
+    clocks: list[float] = field(default_factory=list)
+    device_watts: list[float] = field(default_factory=list)
+    x_last: float = 0.0
+    rng: random.Random = field(init=False)
+    shedder: LoadShedder = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.shape.devices
+        self.caps = self.caps or [self.shape.max_watts] * n
+        self.low_clock = self.low_clock or [False] * n
+        self.clocks = [1.0] * n
+        self.device_watts = [self.shape.idle_watts] * n
+        self.queues = {c: 0.0 for c in WorkClass}
+        self.batch_target = self.max_batch
+        self.rng = random.Random(self.seed)
+        self.shedder = LoadShedder(ShedConfig())
+
+    def rack_of(self, device: int) -> int:
+        return device * self.shape.racks // self.shape.devices
+
+    def admission_cap(self, clock: float) -> float:
+        """Load (nominal units) the router admits at mean clock ``clock``."""
+        busy = slots(self.batch_target)
+        if self.priority:
+            s = self.shape
+            t0 = s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio)
+            busy = min(busy, max(0.0, 1.0 - t0 / (s.admit_ratio * s.tpot_slo_s)))
+        return busy * clock / self.slowdown
+
+    def step(self, *, baseline: float, batch: float, optional: float) -> Second:
+        s = self.shape
+        cap = self.admission_cap(self._clock_for(self.x_last))
+        q = self.queues
+        arrivals = {WorkClass.BASELINE: baseline, WorkClass.BATCH: batch,
+                    WorkClass.OPPORTUNISTIC: optional}  # fmt: skip
+        for cls, x in arrivals.items():
+            q[cls] += x
+        served = dict.fromkeys(WorkClass, 0.0)
+        left = cap
+        if self.priority:
+            for cls in (WorkClass.BASELINE, WorkClass.BATCH, WorkClass.OPPORTUNISTIC):
+                served[cls] = min(q[cls], left)
+                left -= served[cls]
+        else:
+            total = sum(q.values())
+            share = min(1.0, cap / total) if total > 0 else 0.0
+            for cls in WorkClass:
+                served[cls] = q[cls] * share
+        for cls in WorkClass:
+            q[cls] -= served[cls]
+        delay = sum(q.values()) / cap if cap > 0 else math.inf
+        load_ratio = (sum(served.values()) + sum(q.values())) / cap if cap > 0 else math.inf
+        ahead = q[WorkClass.BASELINE] if self.priority else sum(q.values())
+        baseline_wait = ahead / max(cap, 1e-9)
+        optional_served = served[WorkClass.OPPORTUNISTIC]
+        if self.priority:
+            for cls in (WorkClass.OPPORTUNISTIC, WorkClass.BATCH):
+                verdict = self.shedder.admit(cls, queue_delay_s=delay)
+                if cls is WorkClass.OPPORTUNISTIC and verdict is Admission.DEGRADE:
+                    q[cls] *= 0.5  # queued optional requests lose their extras
+                elif cls is WorkClass.OPPORTUNISTIC and verdict is Admission.DROP:
+                    q[cls] = 0.0
+                # batch is deferred, never dropped: it waits at the back of the queue
+        self.optional_age_s = self.optional_age_s + 1 if q[WorkClass.OPPORTUNISTIC] > 0 else 0
+        if self.optional_age_s >= OPTIONAL_TIMEOUT_S:
+            q[WorkClass.OPPORTUNISTIC], self.optional_age_s = 0.0, 0.0
+        x = sum(served.values())
+        tpot = self._power_and_tpot(x)
+        racks = [s.host_watts_per_rack] * s.racks
+        for i, w in enumerate(self.device_watts):
+            racks[self.rack_of(i)] += w
+        return Second(tpot, baseline_wait, optional_served, optional, served[WorkClass.BATCH],
+                      racks, delay, load_ratio, x)  # fmt: skip
+
+    def _device_clock(self, i: int, x: float) -> float:
+        """The clock device ``i``'s cap and mode allow at load ``x`` (the firmware's choice)."""
+        s = self.shape
+        dyn = s.max_watts - s.idle_watts
+        ceiling = s.low_clock_ratio if self.low_clock[i] else 1.0
+        if x <= 0 or s.idle_watts + dyn * x * ceiling <= self.caps[i]:
+            return ceiling
+        return min(ceiling, max(0.2, (self.caps[i] - s.idle_watts) / (dyn * x)))
+
+    def _clock_for(self, x: float) -> float:
+        """The mean clock at load ``x``: what the router reads from its devices' limits."""
+        return sum(self._device_clock(i, x) for i in range(self.shape.devices)) / self.shape.devices
+
+    def _power_and_tpot(self, x: float) -> float:
+        """Each device carries an equal share; its clock is what its cap and mode allow."""
+        s = self.shape
+        dyn = s.max_watts - s.idle_watts
+        self.x_last = x
+        for i in range(s.devices):
+            self.clocks[i] = self._device_clock(i, x)
+            self.device_watts[i] = s.idle_watts + dyn * max(0.0, x) * self.clocks[i]
+        clock = sum(self.clocks) / len(self.clocks)
+        x_eff = min(0.999, x * self.slowdown / clock)
+        return s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio) / (1.0 - x_eff)
+
+    def oracle_optional(self, *, baseline: float, batch: float, limits_watts: list[float]) -> float:
+        """The most optional load this second could carry with baseline in its SLO and every
+        rack under its limit, knowing the second's baseline (the best clock for it)."""
+        s = self.shape
+        dyn = s.max_watts - s.idle_watts
+        per_rack = s.devices / s.racks
+        t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / s.tpot_slo_s
+        power_room = min(
+            ((lim - s.host_watts_per_rack) / per_rack - s.idle_watts) / dyn for lim in limits_watts
+        )
+        best = 0.0
+        for step in range(20, 101):
+            c = step / 100.0
+            x = min(
+                (c - t0) / self.slowdown,
+                slots(self.max_batch) * c / self.slowdown,
+                power_room / c if power_room > 0 else 0.0,
+            )
+            best = max(best, x)
+        return max(0.0, best - baseline - batch)
+
+    def noisy(self, level: float, noise_ratio: float) -> float:
+        return max(0.0, level * (1.0 + self.rng.gauss(0.0, noise_ratio)))

@@ -1,0 +1,229 @@
+"""Capacity control: how much optional work a pool may take without hurting its baseline.
+
+Per pool, once per control period, from the ratio of the pool's latency to its
+SLO (TPOT or TTFT p95 over its SLO, or the worse of the two) and, optionally,
+its load ratio (work in service and waiting over what its batch slots hold:
+above 1 a queue builds):
+
+1. **trend**: each ratio's median over the last ``trend_window`` periods (a
+   one-period sensor spike never moves it; a step does by the second period);
+   the PID follows whichever is further past its setpoint (``setpoint_ratio``
+   for latency, ``load_setpoint_ratio`` for load);
+2. **breach**: a latency trend above 1 sets the budget to zero at once, with
+   the integral unwound: baseline work never waits for optional work (load
+   alone only steers the PID: the router sheds in the meantime);
+3. **stale**: no fresh measurement for ``stale_after_s`` gives the budget back
+   (``stale_budget_ratio``); a not-finite one holds it;
+4. otherwise a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
+   proposes the budget, then a tolerance and a stabilisation window on
+   increases (cuts pass at once), a rate limit and the clamps
+   (:mod:`controllers.stages`) decide what applies.
+
+The budget is a share of the pool's capacity for optional work. :func:`split_levers`
+turns it into the two levers of opportunistic capacity: extra candidates per
+request (widen the funnel) and the share of requests served by a bigger model.
+:class:`GlobalBudget` caps the sum over pools.
+
+Example::
+
+    c = CapacityController(CapacityConfig())
+    d = c.step(now=10.0, latency_ratio=0.041 / 0.06)
+    d.applied, d.reason, d.p, d.i, d.d
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from statistics import median
+
+from controllers.pid import PidConfig, PidReason, PidState, pid_step
+from controllers.stages import Clamp, RateLimit, Stabiliser, Stages, Tolerance
+
+
+class CapacityReason(StrEnum):
+    TRACKING = "tracking"  # the PID moved the budget
+    HOLD = "hold"  # in the deadband, or nothing to change
+    SLO_BREACH = "slo_breach"  # the latency trend is over the SLO: budget to zero
+    STALE_INPUT = "stale_input"  # no fresh latency: the budget given back
+    INVALID_INPUT = "invalid_input"  # NaN or inf latency: held
+    WITHIN_TOLERANCE = "within_tolerance"
+    STABILISING = "stabilising"
+    RATE_LIMITED = "rate_limited"
+    CLAMPED = "clamped"
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityConfig:
+    setpoint_ratio: float = 0.9  # of the SLO
+    load_setpoint_ratio: float = 0.97  # of the batch slots
+    kp: float = 0.1
+    ki: float = 0.005  # per second
+    kd: float = 0.0
+    deadband_ratio: float = 0.02
+    trend_window: int = 3
+    budget_max_ratio: float = 1.0
+    tolerance_ratio: float = 0.1
+    tolerance_floor: float = 0.01
+    stabilise_up_s: float = 120.0
+    up_per_s: float = 0.002  # budget may grow by 0.2% of capacity per second at most
+    down_per_s: float = math.inf
+    stale_after_s: float = 30.0
+    stale_budget_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.setpoint_ratio <= 1:
+            raise ValueError("setpoint_ratio is a share of the SLO in (0, 1]")
+        if self.trend_window < 1 or not 0 <= self.stale_budget_ratio <= self.budget_max_ratio:
+            raise ValueError("trend_window >= 1; stale budget within [0, budget_max_ratio]")
+        if not 0 < self.load_setpoint_ratio <= 1:
+            raise ValueError("load_setpoint_ratio is a share of the batch slots in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityDecision:
+    desired: float
+    applied: float
+    reason: CapacityReason
+    message: str
+    p: float = 0.0
+    i: float = 0.0
+    d: float = 0.0
+    trend_ratio: float = math.nan
+
+
+class CapacityController:
+    """One pool's optional-work budget; see the module docstring."""
+
+    def __init__(self, config: CapacityConfig) -> None:
+        c = self.config = config
+        self.pid = PidConfig(
+            kp=c.kp, ki=c.ki, kd=c.kd, out_min=0.0, out_max=c.budget_max_ratio,
+            deadband=c.deadband_ratio, max_gap_s=c.stale_after_s,
+        )  # fmt: skip
+        self.state = PidState()
+        self.stages = Stages(
+            [
+                Tolerance(c.tolerance_ratio, floor=c.tolerance_floor, up_only=True),
+                Stabiliser(c.stabilise_up_s, cautious="up"),
+                RateLimit(c.up_per_s, c.down_per_s),
+                Clamp(0.0, c.budget_max_ratio),
+            ]
+        )
+        self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
+        self.budget = 0.0
+        self.fresh_at: float | None = None
+
+    def step(
+        self, *, now: float, latency_ratio: float | None, load_ratio: float = 0.0
+    ) -> CapacityDecision:
+        """One period; ``latency_ratio`` is None when no latency arrived this period."""
+        c = self.config
+        if latency_ratio is None:
+            return self._stale_or_hold(now)
+        if (
+            not (math.isfinite(latency_ratio) and math.isfinite(load_ratio))
+            or min(latency_ratio, load_ratio) < 0
+        ):
+            return CapacityDecision(self.budget, self.budget, CapacityReason.INVALID_INPUT,
+                                    f"latency ratio {latency_ratio!r} or load ratio "
+                                    f"{load_ratio!r} is not a measurement: held")  # fmt: skip
+        self.fresh_at = now
+        self.recent.append((latency_ratio, load_ratio))
+        latency = median(r for r, _ in self.recent)
+        # both on the latency's scale: the load's distance past its own setpoint
+        load = median(q for _, q in self.recent) - c.load_setpoint_ratio + c.setpoint_ratio
+        trend = max(latency, load)
+        if latency > 1.0:
+            self.state = PidState(integral=-self.pid.bias, last_measurement=trend, last_at=now)
+            self.budget = 0.0
+            return CapacityDecision(
+                0.0, 0.0, CapacityReason.SLO_BREACH,
+                f"latency at {trend:.2f} of the SLO: optional work stopped", trend_ratio=trend,
+            )  # fmt: skip
+        self.state, s = pid_step(
+            self.pid, self.state, setpoint=c.setpoint_ratio, measurement=trend, now=now
+        )
+        applied, why = self.stages.step(desired=s.output, current=self.budget, now=now)
+        changed = applied != self.budget
+        reason = (
+            CapacityReason(why.value)
+            if why is not None
+            else CapacityReason.TRACKING
+            if changed
+            else CapacityReason.HOLD
+        )
+        if s.reason is PidReason.IN_DEADBAND and not changed:
+            reason = CapacityReason.HOLD
+        self.budget = applied
+        return CapacityDecision(
+            s.output, applied, reason,
+            f"latency at {trend:.3f} of the SLO (setpoint {c.setpoint_ratio:g}): "
+            f"budget {applied:.3f}, wanted {s.output:.3f}",
+            p=s.p, i=s.i, d=s.d, trend_ratio=trend,
+        )  # fmt: skip
+
+    def _stale_or_hold(self, now: float) -> CapacityDecision:
+        c = self.config
+        if self.fresh_at is not None and now - self.fresh_at < c.stale_after_s:
+            return CapacityDecision(self.budget, self.budget, CapacityReason.HOLD,
+                                    "no latency this period: held")  # fmt: skip
+        self.budget = min(self.budget, c.stale_budget_ratio)
+        self.state = PidState(integral=self.budget - self.pid.bias)
+        self.recent.clear()
+        return CapacityDecision(
+            self.budget, self.budget, CapacityReason.STALE_INPUT,
+            f"no latency for {c.stale_after_s:g} s: budget {self.budget:g}",
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LeverConfig:
+    """What each lever costs, as load per baseline request (1 = one more request)."""
+
+    funnel_max_extra: float = 4.0  # extra candidates per request, at most
+    funnel_cost: float = 0.1  # load of one extra candidate
+    upgrade_cost: float = 1.5  # extra load of serving a request with the bigger model
+    funnel_first: bool = True  # the lever with more value per unit of load goes first
+
+
+@dataclass(frozen=True, slots=True)
+class Levers:
+    funnel_extra: float  # extra candidates per request
+    upgrade_ratio: float  # share of requests served by the bigger model
+    used_ratio: float  # the share of capacity the two take
+
+
+def split_levers(budget_ratio: float, baseline_ratio: float, cfg: LeverConfig) -> Levers:
+    """Spend ``budget_ratio`` of capacity on the two levers, in value order, for a baseline
+    load of ``baseline_ratio`` of capacity."""
+    if baseline_ratio <= 0 or budget_ratio <= 0:
+        return Levers(0.0, 0.0, 0.0)
+    left = budget_ratio
+    funnel = upgrade = 0.0
+    for lever in ("funnel", "upgrade") if cfg.funnel_first else ("upgrade", "funnel"):
+        if lever == "funnel":
+            funnel = min(cfg.funnel_max_extra, left / (baseline_ratio * cfg.funnel_cost))
+            left -= funnel * baseline_ratio * cfg.funnel_cost
+        else:
+            upgrade = min(1.0, left / (baseline_ratio * cfg.upgrade_cost))
+            left -= upgrade * baseline_ratio * cfg.upgrade_cost
+    return Levers(funnel, upgrade, budget_ratio - max(0.0, left))
+
+
+@dataclass(slots=True)
+class GlobalBudget:
+    """Optional work across pools capped at ``limit_units`` (device-equivalents, say)."""
+
+    limit_units: float
+    last: dict[str, float] = field(default_factory=dict)
+
+    def allocate(self, wanted: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """``wanted``: pool -> (budget ratio, pool capacity in units). Returns each pool's
+        ratio, scaled down in proportion when their sum exceeds the limit."""
+        units = sum(ratio * cap for ratio, cap in wanted.values())
+        scale = 1.0 if units <= self.limit_units else self.limit_units / units
+        self.last = {pool: ratio * scale for pool, (ratio, _) in wanted.items()}
+        return dict(self.last)

@@ -1,0 +1,94 @@
+"""The TPOT guard: a pool's batch-size target, lowered when TPOT rises, raised with hysteresis.
+
+A bigger batch gives more tokens per second and a slower token for each
+sequence. Per pool, once per period, from the TPOT p95 against its SLO:
+
+- above ``high_ratio`` of the SLO: the target drops to ``decrease_factor`` of
+  itself (multiplicative: fast), at most once per ``cooldown_periods``;
+- below ``low_ratio`` for ``hold_periods`` periods in a row: it rises by
+  ``increase_step`` (additive: slow), back up to ``max_batch``;
+- in between (the hysteresis band), or with no valid reading: it holds.
+
+Example::
+
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    g.step(tpot_p95_s=0.058, slo_s=0.06)   # -> BatchDecision(target=204, reason=tpot_high)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class BatchReason(StrEnum):
+    TPOT_HIGH = "tpot_high"
+    TPOT_LOW = "tpot_low"
+    HOLD = "hold"
+    INVALID_INPUT = "invalid_input"
+
+
+@dataclass(frozen=True, slots=True)
+class TpotGuardConfig:
+    max_batch: int = 256
+    min_batch: int = 8
+    high_ratio: float = 0.95
+    low_ratio: float = 0.75
+    decrease_factor: float = 0.8
+    increase_step: int = 16
+    hold_periods: int = 3
+    cooldown_periods: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise ValueError("1 <= min_batch <= max_batch")
+        if not 0 < self.low_ratio < self.high_ratio:
+            raise ValueError("0 < low_ratio < high_ratio: the gap is the hysteresis")
+        if not 0 < self.decrease_factor < 1 or self.increase_step < 1:
+            raise ValueError("decrease_factor in (0, 1), increase_step >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    target: int
+    previous: int
+    reason: BatchReason
+    message: str
+
+
+class TpotGuard:
+    """One pool's batch-size target; see the module docstring."""
+
+    def __init__(self, config: TpotGuardConfig) -> None:
+        self.config = config
+        self.target = config.max_batch
+        self.low_streak = 0
+        self.since_cut = config.cooldown_periods
+
+    def step(self, *, tpot_p95_s: float | None, slo_s: float) -> BatchDecision:
+        c, before = self.config, self.target
+        self.since_cut += 1
+        if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
+            self.low_streak = 0
+            return BatchDecision(before, before, BatchReason.INVALID_INPUT, "no TPOT: held")
+        ratio = tpot_p95_s / slo_s
+        if ratio > c.high_ratio:
+            self.low_streak = 0
+            if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
+                self.target = max(c.min_batch, math.floor(self.target * c.decrease_factor))
+                self.since_cut = 0
+                return BatchDecision(self.target, before, BatchReason.TPOT_HIGH,
+                                     f"TPOT at {ratio:.2f} of the SLO: batch {before} -> "
+                                     f"{self.target}")  # fmt: skip
+        elif ratio < c.low_ratio:
+            self.low_streak += 1
+            if self.low_streak >= c.hold_periods and self.target < c.max_batch:
+                self.low_streak = 0
+                self.target = min(c.max_batch, self.target + c.increase_step)
+                return BatchDecision(self.target, before, BatchReason.TPOT_LOW,
+                                     f"TPOT at {ratio:.2f} of the SLO for {c.hold_periods} "
+                                     f"periods: batch {before} -> {self.target}")  # fmt: skip
+        else:
+            self.low_streak = 0
+        return BatchDecision(before, before, BatchReason.HOLD, f"TPOT at {ratio:.2f}: held")

@@ -1,0 +1,336 @@
+"""`fleetloop eval control`: one pool through a control scenario under three policies.
+
+The pool is :class:`agents.sim.pool_plant.PoolPlant`, stepped each second; the
+policies act once per ``period_s`` (power once per second, as PDU readings
+come), all on the same scenario and the same random draws:
+
+- **ours**: :class:`~controllers.capacity.CapacityController` (the optional
+  budget, on TPOT p95 over its SLO and the pool's load over its batch slots),
+  :class:`~controllers.tpot_guard.TpotGuard` (the batch-size target), a
+  :class:`~controllers.power.PowerController` per rack, and the router's
+  value-aware :class:`~controllers.shedding.LoadShedder`;
+- **static**: the scenario's fixed budget, no power control, one FIFO queue;
+- **hpa**: a threshold rule on the budget as Kubernetes' HPA scales replicas
+  (tolerance 0.1 around the target; what frees capacity for optional work, its
+  "scale-down", waits 300 s of recommendations), the same rule on each rack's
+  caps, one FIFO queue.
+
+Measured per policy: baseline SLO attainment (periods whose every second kept
+baseline TPOT and wait within SLO), optional work served against an oracle
+that knows each second's baseline (:meth:`PoolPlant.oracle_optional`), breaker
+trips (a rack over its limit for ``trip_after_s``), actions (each controller
+step that changed something), actions per 300 s in oscillating segments, and
+after each step segment: periods to the first action, to settle within 5% of
+the budget it ends at, and the overshoot past it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.sim.pool_plant import PoolPlant, PoolShape, Second
+from controllers.capacity import CapacityConfig, CapacityController
+from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever
+from controllers.stages import Stabiliser
+from controllers.tpot_guard import TpotGuard, TpotGuardConfig
+from fleetloop.control_scenario import ControlScenario
+
+POLICIES = ("ours", "static", "hpa")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What reaches a controller at the end of a period (None: nothing arrived)."""
+
+    tpot_ratio: float | None
+    load_ratio: float | None
+
+
+class Policy(Protocol):
+    budget: float
+
+    def period(self, now: float, reading: Reading, plant: PoolPlant) -> int: ...
+
+    def power(
+        self, now: float, racks: list[float], limits: list[float], plant: PoolPlant
+    ) -> int: ...
+
+
+def _devices(plant: PoolPlant, rack: int) -> list[DevicePower]:
+    s = plant.shape
+    # one device in four runs deferrable work: the least critical, capped first
+    return [
+        DevicePower(
+            str(i),
+            int(i % 4 != 0),
+            plant.device_watts[i],
+            plant.caps[i],
+            s.min_watts,
+            s.max_watts,
+            plant.low_clock[i],
+        )
+        for i in range(s.devices)
+        if plant.rack_of(i) == rack
+    ]
+
+
+class Ours:
+    def __init__(self, racks: int, max_batch: int) -> None:
+        self.capacity = CapacityController(CapacityConfig())
+        self.guard = TpotGuard(TpotGuardConfig(max_batch=max_batch, high_ratio=0.97))
+        self.powers = [PowerController(PowerConfig()) for _ in range(racks)]
+        self.budget = 0.0
+        self.moved = 0.0
+
+    def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
+        d = self.capacity.step(
+            now=now, latency_ratio=reading.tpot_ratio, load_ratio=reading.load_ratio or 0.0
+        )
+        actions = int(d.applied != self.budget)
+        self.budget = d.applied
+        tpot = None if reading.tpot_ratio is None else reading.tpot_ratio * plant.shape.tpot_slo_s
+        b = self.guard.step(tpot_p95_s=tpot, slo_s=plant.shape.tpot_slo_s)
+        if b.target != plant.batch_target:
+            plant.batch_target, actions = b.target, actions + 1
+        return actions
+
+    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
+        actions = 0
+        for r, ctl in enumerate(self.powers):
+            plan = ctl.step(draw_watts=racks[r], limit_watts=limits[r], devices=_devices(plant, r))
+            for a in plan.actions:
+                i = int(a.device_uuid)
+                if a.lever is PowerLever.CAP and a.watts is not None:
+                    plant.caps[i] = a.watts
+                else:
+                    plant.low_clock[i] = a.lever is PowerLever.LOW_CLOCK
+            if plan.move_batch_watts > 0:
+                dyn = plant.shape.max_watts - plant.shape.idle_watts
+                self.moved += plan.move_batch_watts / (dyn * plant.shape.devices)
+            actions += bool(plan.actions)
+        return actions
+
+
+class Static:
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+
+    def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
+        return 0
+
+    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
+        return 0
+
+
+@dataclass
+class Hpa:
+    """Threshold rules with HPA's tolerance and its stabilisation of the risky direction."""
+
+    racks: int
+    target_ratio: float = 0.9
+    tolerance: float = 0.1
+    window_s: float = 300.0
+    budget: float = 0.0
+    up: Stabiliser = field(init=False)
+    lifts: list[Stabiliser] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.up = Stabiliser(self.window_s, cautious="up")
+        self.lifts = [Stabiliser(self.window_s, cautious="up") for _ in range(self.racks)]
+
+    def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
+        if reading.tpot_ratio is None or reading.load_ratio is None:
+            return 0
+        r = max(reading.tpot_ratio / self.target_ratio, reading.load_ratio / 0.97)
+        if not math.isfinite(r) or abs(r - 1) <= self.tolerance:
+            return 0
+        desired = min(1.0, max(self.budget, 0.01) / r)
+        new, _ = self.up(desired, current=self.budget, now=now)
+        changed = new != self.budget
+        self.budget = new
+        return int(changed)
+
+    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
+        actions = 0
+        s = plant.shape
+        for rack in range(self.racks):
+            r = racks[rack] / (0.92 * limits[rack])
+            if abs(r - 1) <= self.tolerance:
+                continue
+            members = [i for i in range(s.devices) if plant.rack_of(i) == rack]
+            cap = sum(plant.caps[i] for i in members) / len(members)
+            desired = min(s.max_watts, max(s.min_watts, cap / r))
+            new, _ = self.lifts[rack](desired, current=cap, now=now)
+            if new != cap:
+                for i in members:
+                    plant.caps[i] = new
+                actions += 1
+        return actions
+
+
+@dataclass(slots=True)
+class Tally:
+    periods: int = 0
+    periods_in_slo: int = 0
+    harvested: float = 0.0
+    oracle: float = 0.0
+    trips: int = 0
+    over_limit_s: int = 0
+    actions: int = 0
+    oscillation_actions: int = 0
+    oscillation_s: float = 0.0
+    budgets: list[tuple[float, float]] = field(default_factory=list)  # (t, budget)
+
+
+def run_policy(scn: ControlScenario, name: str) -> Tally:
+    p = scn.pool
+    shape = PoolShape(
+        p.devices, p.racks, p.tpot_base_s, p.spread_ratio, p.tpot_slo_s, p.wait_slo_s,
+        p.idle_watts, p.max_watts, p.min_watts, p.host_watts_per_rack,
+    )  # fmt: skip
+    plant = PoolPlant(shape, priority=name == "ours", seed=scn.seed, max_batch=p.max_batch)
+    policy: Policy = (
+        Ours(p.racks, p.max_batch) if name == "ours"
+        else Static(scn.static_budget) if name == "static"
+        else Hpa(p.racks)
+    )  # fmt: skip
+    tally = Tally()
+    over_since: list[float | None] = [None] * p.racks
+    seconds: list[Second] = []
+    steps = int(scn.duration_s)
+    period = max(1, round(scn.period_s))
+    for t in range(steps):
+        slow = scn.events_at(t, "slowdown")
+        plant.slowdown = max((e.ratio for e in slow), default=1.0)
+        baseline = plant.noisy(scn.baseline_at(t), scn.noise_ratio)
+        batch = max(0.0, scn.batch_level - (policy.moved if isinstance(policy, Ours) else 0.0))
+        sec = plant.step(baseline=baseline, batch=batch, optional=policy.budget)
+        limits = scn.limits_at(t)
+        tally.oracle += plant.oracle_optional(baseline=baseline, batch=scn.batch_level,
+                                              limits_watts=limits)  # fmt: skip
+        tally.harvested += sec.optional_served
+        for r, watts in enumerate(sec.rack_watts):
+            if watts > limits[r]:
+                tally.over_limit_s += 1
+                since = over_since[r]
+                if since is None:
+                    since = over_since[r] = float(t)
+                if t - since + 1 >= p.trip_after_s:
+                    tally.trips += 1
+                    over_since[r] = None  # it tripped; count the next trip afresh
+            else:
+                over_since[r] = None
+        acted = policy.power(t, sec.rack_watts, limits, plant)
+        seconds.append(sec)
+        if (t + 1) % period == 0:
+            acted += _end_period(scn, policy, plant, seconds, t + 1, tally)
+            seconds = []
+        tally.actions += acted
+        if scn.segment_at(t).kind == "oscillate":
+            tally.oscillation_actions += acted
+            tally.oscillation_s += 1
+    return tally
+
+
+def _end_period(
+    scn: ControlScenario, policy: Policy, plant: PoolPlant, seconds: list[Second], now: int,
+    tally: Tally,
+) -> int:  # fmt: skip
+    p = scn.pool
+    tally.periods += 1
+    ok = all(s.baseline_tpot_s <= p.tpot_slo_s and s.baseline_wait_s <= p.wait_slo_s
+             for s in seconds)  # fmt: skip
+    tally.periods_in_slo += ok
+    tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s
+    tpot *= 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
+    load = sum(s.load_ratio for s in seconds) / len(seconds)
+    reading = Reading(tpot, load)
+    if scn.events_at(now, "stale"):
+        reading = Reading(None, None)
+    elif scn.events_at(now, "nan"):
+        reading = Reading(math.nan, math.nan)
+    elif spikes := scn.events_at(now, "spike"):
+        reading = Reading(tpot * spikes[0].factor, load)
+    acted = policy.period(now, reading, plant)
+    tally.budgets.append((now, policy.budget))
+    return acted
+
+
+def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float]:
+    """After each step of 20% or more: periods to the first budget change, to settling
+    within 5% of the budget it ends at (and staying), and the overshoot past that budget.
+    Steps up in load (where optional work must give way) and down are kept apart; the
+    worst of each kind is reported."""
+    worst: dict[str, float] = {}
+    segments = scn.baseline
+    for k, seg in enumerate(segments):
+        before = segments[k - 1] if k else None
+        if seg.kind != "step" or before is None:
+            continue
+        if abs(seg.level - before.level) < 0.2 * max(before.level, 1e-9):
+            continue
+        end = segments[k + 1].at_s if k + 1 < len(segments) else scn.duration_s
+        run = [b for t, b in tally.budgets if seg.at_s < t <= end]
+        prior = [b for t, b in tally.budgets if t <= seg.at_s]
+        if not run or not prior:
+            continue
+        tail = run[-max(1, len(run) // 4) :]
+        final = sum(tail) / len(tail)
+        band = max(0.05 * final, 0.005)
+        reaction = next((i + 1 for i, b in enumerate(run) if b != prior[-1]), len(run))
+        settle = len(run)
+        for i in range(len(run) - 1, -1, -1):
+            if abs(run[i] - final) > band:
+                break
+            settle = i + 1
+        load_up = seg.level > before.level  # the budget must fall to its new level
+        past = max((final - b) if load_up else (b - final) for b in run)
+        overshoot = max(0.0, past) / final if final > 0 else 0.0
+        suffix = "_after_step" if load_up else "_after_step_down"
+        for key, value in (("reaction_periods", reaction), ("settling_periods", settle),
+                           ("overshoot_ratio", overshoot)):  # fmt: skip
+            worst[key + suffix] = max(worst.get(key + suffix, 0.0), value)
+    return worst
+
+
+def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
+    out: dict[str, Any] = {"scenario": scn.name, "period_s": scn.period_s,
+                           "duration_s": scn.duration_s}  # fmt: skip
+    for name in POLICIES:
+        t = run_policy(scn, name)
+        suffix = "" if name == "ours" else f"_{name}"
+        out[f"slo_attainment{suffix}"] = round(t.periods_in_slo / max(1, t.periods), 5)
+        out[f"harvest_vs_oracle{suffix}"] = round(t.harvested / t.oracle, 4) if t.oracle else 0.0
+        out[f"breaker_violations{suffix}"] = t.trips
+        out[f"over_limit_rack_seconds{suffix}"] = t.over_limit_s
+        out[f"actions{suffix}"] = t.actions
+        out[f"actions_per_300s_oscillation{suffix}"] = (
+            round(t.oscillation_actions * 300 / t.oscillation_s, 3) if t.oscillation_s else 0.0
+        )
+        for key, value in _step_response(scn, t).items():
+            out[f"{key}{suffix}"] = round(value, 3)
+    return out
+
+
+def format_control(r: dict[str, Any]) -> str:
+    rows = [
+        ("baseline periods within SLO", "slo_attainment", "{:.4%}"),
+        ("optional work vs oracle", "harvest_vs_oracle", "{:.1%}"),
+        ("breaker trips", "breaker_violations", "{}"),
+        ("rack-seconds over the limit", "over_limit_rack_seconds", "{}"),
+        ("control actions", "actions", "{}"),
+        ("actions per 300 s, +-5% oscillation", "actions_per_300s_oscillation", "{}"),
+        ("periods to react, load step up", "reaction_periods_after_step", "{:g}"),
+        ("periods to settle, load step up", "settling_periods_after_step", "{:g}"),
+        ("overshoot, load step up", "overshoot_ratio_after_step", "{:.1%}"),
+        ("periods to react, load step down", "reaction_periods_after_step_down", "{:g}"),
+        ("periods to settle, load step down", "settling_periods_after_step_down", "{:g}"),
+    ]
+    lines = [f"control on {r['scenario']} ({r['duration_s']:g} s, period {r['period_s']:g} s)", ""]
+    lines.append(f"{'':<38}{'ours':>12}{'static':>12}{'HPA-style':>12}")
+    for label, key, fmt in rows:
+        cells = [fmt.format(r[key + s]) if key + s in r else "-" for s in ("", "_static", "_hpa")]
+        lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
+    return "\n".join(lines)

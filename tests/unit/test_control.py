@@ -1,0 +1,223 @@
+"""The control-half controllers as scenario tables: step, ramp, +-5% oscillation, stale
+input, NaN and inf, a sensor spike; and the PID, stages, shedding primitives beneath."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controllers.capacity import (
+    CapacityConfig,
+    CapacityController,
+    CapacityReason,
+    GlobalBudget,
+    LeverConfig,
+    split_levers,
+)
+from controllers.pid import PidConfig, PidReason, PidState, pid_step
+from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever, PowerReason
+from controllers.shedding import (
+    Admission,
+    BreakerState,
+    CircuitBreaker,
+    LoadShedder,
+    RetryBudget,
+    ShedConfig,
+    WorkClass,
+)
+from controllers.stages import Clamp, RateLimit, Stabiliser, StageReason, Stages, Tolerance
+from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
+
+PERIOD = 10.0
+
+
+def _run_capacity(ratios: list[float | None], load: float = 0.0) -> list[float]:
+    c = CapacityController(CapacityConfig())
+    return [c.step(now=(k + 1) * PERIOD, latency_ratio=r, load_ratio=load).applied
+            for k, r in enumerate(ratios)]  # fmt: skip
+
+
+def test_pid_terms_anti_windup_and_derivative_on_measurement() -> None:
+    cfg = PidConfig(kp=1.0, ki=0.1, kd=2.0, out_min=0.0, out_max=1.0)
+    state, first = pid_step(cfg, PidState(), setpoint=0.5, measurement=0.2, now=0.0)
+    assert first.reason is PidReason.FIRST and first.p == pytest.approx(0.3)
+    # pinned at the top clamp: the integral does not grow while error pushes further up
+    for k in range(1, 50):
+        state, s = pid_step(cfg, state, setpoint=2.0, measurement=0.2, now=float(k))
+    assert s.output == 1.0 and s.reason is PidReason.SATURATED and state.integral <= 1.0
+    # a setpoint change gives no derivative kick; a measurement change does
+    _, moved_setpoint = pid_step(cfg, state, setpoint=0.9, measurement=0.2, now=50.0)
+    assert moved_setpoint.d == 0.0
+    _, moved_measure = pid_step(cfg, state, setpoint=2.0, measurement=0.7, now=50.0)
+    assert moved_measure.d == pytest.approx(-2.0 * 0.5)
+    held, s = pid_step(cfg, state, setpoint=0.5, measurement=math.nan, now=51.0)
+    assert held == state and s.reason is PidReason.INVALID_INPUT
+    with pytest.raises(ValueError):
+        PidConfig(kp=-1.0, ki=0.0, kd=0.0, out_min=0.0, out_max=1.0)
+
+
+def test_stages_compose_in_order() -> None:
+    stages = Stages([Tolerance(0.1), Stabiliser(30.0), RateLimit(0.001, math.inf), Clamp(0, 0.5)])
+    assert stages.step(desired=0.3, current=0.3, now=0.0) == (0.3, None)
+    assert stages.step(desired=0.32, current=0.3, now=10.0) == (0.3, StageReason.WITHIN_TOLERANCE)
+    # an increase waits for the window's lowest recommendation, then the rate limit
+    assert stages.step(desired=0.6, current=0.3, now=20.0)[0] == pytest.approx(0.3)
+    value, why = stages.step(desired=0.6, current=0.3, now=55.0)
+    assert value == pytest.approx(0.3 + 0.001 * 35) and why is StageReason.RATE_LIMITED
+    value, why = stages.step(desired=0.6, current=0.49, now=1000.0)
+    assert (value, why) == (0.5, StageReason.CLAMPED)
+    assert stages.step(desired=0.0, current=0.5, now=101.0)[0] == 0.0  # cuts pass at once
+
+
+# (name, latency ratios per period, what must hold of the applied budgets)
+SCENARIOS = [
+    ("steady below setpoint grows slowly", [0.6] * 60, lambda b: 0 < b[-1] <= 1 and b[5] < 0.1),
+    (
+        "step over the SLO cuts to zero within two periods",
+        [0.6] * 60 + [1.3] * 5,
+        lambda b: b[61] == 0.0,
+    ),
+    (
+        "ramp to the setpoint stops growth",
+        [0.6 + 0.3 * min(1, k / 60) for k in range(120)],
+        lambda b: b[-1] == b[-10],
+    ),
+    (
+        "sensor spike for one period changes nothing",
+        [0.6] * 60 + [3.0] + [0.6] * 3,
+        lambda b: b[60] >= b[59] and b[60] > 0,
+    ),
+    (
+        "stale readings give the budget back",
+        [0.6] * 60 + [None] * 4,
+        lambda b: b[-1] == 0.0 and b[60] == b[59],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "ratios", "check"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_capacity_scenarios(name: str, ratios: list[float | None], check: object) -> None:
+    budgets = _run_capacity(ratios)
+    assert callable(check) and check(budgets), budgets[-12:]
+
+
+def test_capacity_oscillation_of_5pct_takes_at_most_one_action_per_300s() -> None:
+    c = CapacityController(CapacityConfig())
+    actions, budget = 0, None
+    for k in range(600):
+        load = 0.97 * (1 + 0.05 * math.sin(2 * math.pi * k * PERIOD / 120.0))
+        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.8, load_ratio=load)
+        if k >= 300:
+            actions += budget is not None and d.applied != budget
+        budget = d.applied
+    assert actions * 300 / (300 * PERIOD) <= 1.0
+
+
+def test_capacity_nan_and_inf_hold_and_record_pid_terms() -> None:
+    c = CapacityController(CapacityConfig())
+    for k in range(30):
+        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.6)
+    assert d.reason in (CapacityReason.TRACKING, CapacityReason.RATE_LIMITED,
+                        CapacityReason.STABILISING) and d.p > 0  # fmt: skip
+    before = c.budget
+    for bad in (math.nan, math.inf, -1.0):
+        d = c.step(now=400.0, latency_ratio=bad)
+        assert (d.applied, d.reason) == (before, CapacityReason.INVALID_INPUT)
+    assert math.isfinite(c.state.integral)
+
+
+def test_levers_and_global_budget() -> None:
+    cfg = LeverConfig(funnel_max_extra=2, funnel_cost=0.1, upgrade_cost=1.0)
+    small = split_levers(0.05, 0.5, cfg)
+    assert small.funnel_extra == pytest.approx(1.0) and small.upgrade_ratio == 0.0
+    big = split_levers(0.5, 0.5, cfg)
+    assert big.funnel_extra == 2.0 and big.upgrade_ratio == pytest.approx(0.8)
+    assert split_levers(0.0, 0.5, cfg).used_ratio == 0.0
+    g = GlobalBudget(limit_units=10.0)
+    shares = g.allocate({"a": (0.5, 20.0), "b": (0.5, 20.0)})
+    assert sum(r * 20.0 for r in shares.values()) == pytest.approx(10.0)
+    assert g.allocate({"a": (0.1, 20.0)}) == {"a": 0.1}
+
+
+def _rack(draw: float, caps: float = 700.0) -> list[DevicePower]:
+    return [DevicePower(f"d{i}", i % 2, draw, caps, 200.0, 700.0) for i in range(8)]
+
+
+def test_power_caps_least_critical_first_and_lifts_with_hysteresis() -> None:
+    ctl = PowerController(PowerConfig())
+    calm = ctl.step(draw_watts=4000, limit_watts=5000, devices=_rack(350))
+    assert calm.reason is PowerReason.HOLD
+    plan = ctl.step(draw_watts=4900, limit_watts=5000, devices=_rack(460))
+    assert plan.reason is PowerReason.OVER_TARGET
+    capped = [a for a in plan.actions if a.lever is PowerLever.CAP]
+    # criticality 0 first, each down to its minimum, before any more critical device
+    assert [a.device_uuid for a in capped[:4]] == ["d0", "d2", "d4", "d6"]
+    assert all(a.watts == 200.0 for a in capped[:4])
+    # deep trouble: caps and clocks are not enough, batch work has to move
+    plan = PowerController(PowerConfig()).step(draw_watts=9000, limit_watts=3000,
+                                               devices=_rack(900))  # fmt: skip
+    assert plan.reason is PowerReason.MOVE_BATCH and plan.move_batch_watts > 0
+    # headroom held for hold_periods lifts caps, most critical first
+    lift = PowerController(PowerConfig())
+    plans = [lift.step(draw_watts=2000, limit_watts=5000, devices=_rack(200, caps=300))
+             for _ in range(3)]  # fmt: skip
+    assert [p.reason for p in plans] == [PowerReason.HOLD, PowerReason.HOLD, PowerReason.HEADROOM]
+    assert int(plans[-1].actions[0].device_uuid[1:]) % 2 == 1
+    for bad in (None, math.nan, math.inf):
+        assert lift.step(draw_watts=bad, limit_watts=5000, devices=_rack(1)).actions == ()
+
+
+def test_power_guard_sees_a_ramp_before_the_limit() -> None:
+    ctl = PowerController(PowerConfig())
+    reasons = [ctl.step(draw_watts=3000 + 250 * k, limit_watts=5000, devices=_rack(400)).reason
+               for k in range(7)]  # fmt: skip
+    # 4500 W + a 250 W rise > 0.92 * 5000: capping starts before the draw reaches 4600 W
+    assert reasons.index(PowerReason.OVER_TARGET) == 6
+
+
+def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
+    g = TpotGuard(TpotGuardConfig(max_batch=256, high_ratio=0.95, low_ratio=0.75))
+    assert g.step(tpot_p95_s=0.059, slo_s=0.06).reason is BatchReason.TPOT_HIGH
+    assert g.target == 204
+    assert g.step(tpot_p95_s=0.05, slo_s=0.06).reason is BatchReason.HOLD  # in the band
+    steps = [g.step(tpot_p95_s=0.03, slo_s=0.06) for _ in range(3)]
+    assert [s.reason for s in steps][-1] is BatchReason.TPOT_LOW and g.target == 220
+    for bad in (None, math.nan, math.inf):
+        assert g.step(tpot_p95_s=bad, slo_s=0.06).reason is BatchReason.INVALID_INPUT
+    # +-5% around the middle of the band: never an action
+    quiet = TpotGuard(TpotGuardConfig())
+    assert all(quiet.step(tpot_p95_s=0.051 * (1 + 0.05 * math.sin(k)), slo_s=0.06).reason
+               is BatchReason.HOLD for k in range(100))  # fmt: skip
+
+
+def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
+    shed = LoadShedder(ShedConfig())
+    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.3) is Admission.DEGRADE
+    assert shed.admit(WorkClass.BATCH, queue_delay_s=0.3) is Admission.ADMIT
+    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.6) is Admission.DROP
+    assert shed.admit(WorkClass.BATCH, queue_delay_s=0.6) is Admission.DEGRADE
+    assert shed.admit(WorkClass.BASELINE, queue_delay_s=99.0) is Admission.ADMIT
+    # hysteresis: just under the drop line it stays dropped, well under it recovers
+    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.45) is Admission.DROP
+    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.1) is Admission.ADMIT
+    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=math.nan) is Admission.DROP
+    with pytest.raises(ValueError, match="baseline"):
+        ShedConfig(thresholds_s={WorkClass.BASELINE: (1.0, 2.0)})
+
+
+def test_retry_budget_and_circuit_breaker() -> None:
+    budget = RetryBudget(ratio=0.25, burst=2.0, tokens=0.0)
+    for _ in range(12):
+        budget.on_request()
+    assert budget.try_retry() and budget.try_retry() and not budget.try_retry()
+    b = CircuitBreaker(failure_ratio=0.5, min_calls=4, open_s=5.0, probes=2)
+    for ok in (True, False, False, False):
+        b.record(ok=ok, now=0.0)
+    assert b.state is BreakerState.OPEN
+    assert not b.allow(now=1.0)
+    assert b.allow(now=6.0) and b.allow(now=6.0) and not b.allow(now=6.0)
+    b.record(ok=True, now=6.1)
+    b.record(ok=True, now=6.2)
+    closed: BreakerState = b.state
+    assert closed is BreakerState.CLOSED and b.allow(now=6.3)

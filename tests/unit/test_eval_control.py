@@ -1,0 +1,37 @@
+"""`fleetloop eval control`: the pool plant under three policies, on the shipped scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetloop.cli import main
+
+SCENARIO = Path(__file__).parents[2] / "scenarios" / "control" / "mix.yaml"
+
+
+def test_eval_control_reports_every_policy_on_the_same_scenario(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["eval", "control", "--scenario", str(SCENARIO), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("slo_attainment", "harvest_vs_oracle", "breaker_violations",
+                "actions_per_300s_oscillation", "settling_periods_after_step"):  # fmt: skip
+        for suffix in ("", "_static", "_hpa"):
+            assert isinstance(out[key + suffix], int | float), key + suffix
+    # what the controllers are for, against the two baselines on the same draws
+    assert out["breaker_violations"] == 0 < out["breaker_violations_static"]
+    assert out["slo_attainment"] > out["slo_attainment_static"]
+    assert out["harvest_vs_oracle"] > max(out["harvest_vs_oracle_static"],
+                                          out["harvest_vs_oracle_hpa"])  # fmt: skip
+    assert out["actions_per_300s_oscillation"] < out["actions_per_300s_oscillation_hpa"]
+    assert 0 < out["harvest_vs_oracle"] <= 1
+
+
+def test_a_bad_control_scenario_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nduration_s: 60\nbaseline: [{at_s: 5, level: 0.3}]\nrogue: 1\n")
+    with pytest.raises(SystemExit, match=r"rogue|start at 0"):
+        main(["eval", "control", "--scenario", str(bad)])
