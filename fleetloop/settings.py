@@ -187,9 +187,9 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     session_timeout_s: float = Field(10.0, gt=0)
     lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")
     processors: str = Field(
-        "ingest,health,demand",
-        pattern=r"^(ingest|health|demand)(,(ingest|health|demand)){0,2}$",
-        description="what this worker runs: ingest (owns ClickHouse), health, demand",
+        "ingest,health,demand,control",
+        pattern=r"^(ingest|health|demand|control)(,(ingest|health|demand|control)){0,3}$",
+        description="what this worker runs: ingest (owns ClickHouse), health, demand, control",
     )
     replica_rps: float = Field(10.0, gt=0, description="demand: what one replica serves")
     load_s: float = Field(60.0, gt=0, description="demand: how long a replica takes to load")
@@ -199,6 +199,8 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
         description="demand: load time per accelerator type, e.g. h100=30,mi300x=45",
     )
     command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
+    tpot_slo_s: float = Field(0.08, gt=0, description="control: TPOT p95 every pool must meet")
+    control_period_s: float = Field(10.0, gt=0, description="control: one period of event time")
 
     @property
     def roles(self) -> set[str]:

@@ -13,6 +13,7 @@ from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
+from streams.control import ControlWiring
 from streams.demand import DemandWiring
 from streams.health import HealthWiring
 
@@ -55,6 +56,19 @@ def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
     )
 
 
+def _control_wiring(settings: WorkerSettings) -> ControlWiring | None:
+    if "control" not in settings.roles:
+        return None
+    key = settings.signing_key() if settings.command_keys is not None else None
+    return ControlWiring(
+        topic_prefix=settings.topic_prefix,
+        signing_key=key,
+        command_ttl_s=settings.command_ttl_s,
+        period_s=settings.control_period_s,
+        tpot_slo_s=settings.tpot_slo_s,
+    )
+
+
 def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
     """Run one stream worker until SIGTERM/SIGINT."""
     store = None
@@ -80,6 +94,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         lag_interval_s=settings.lag_interval_s,
         health=_health_wiring(settings),
         demand=_demand_wiring(settings),
+        control=_control_wiring(settings),
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

@@ -31,6 +31,7 @@ from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
+from streams.control import ControlWiring, add_control
 from streams.controller_metrics import ControllerMetrics
 from streams.dashboards import load_dashboards, render_page
 from streams.demand import DemandWiring, add_demand
@@ -61,6 +62,7 @@ class WorkerConfig:
     lag_interval_s: float = 15.0
     health: HealthWiring | None = None  # None: no health detection or isolation
     demand: DemandWiring | None = None  # None: no forecasting or warming
+    control: ControlWiring | None = None  # None: no capacity, batch or power control
 
 
 class IngestMetrics:
@@ -160,6 +162,9 @@ def create_app(
         sources += [s for s in read if s not in sources]
     if config.demand is not None:
         read = add_demand(app, config.demand, shared)
+        sources += [s for s in read if s not in sources]
+    if config.control is not None:
+        read = add_control(app, config.control, shared)
         sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)

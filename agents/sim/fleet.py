@@ -295,7 +295,8 @@ class Fleet:
         if dev.queue > limit:
             dev.rejected += dev.queue - limit
             dev.queue = limit
-        dev.served_rps = served / dt
+        dev.optional_rps = self.router.optional_rps(dev, capacity_rps, capacity_rps - served / dt)
+        dev.served_rps = served / dt + dev.optional_rps
         dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
         dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)
         dev.tpot_s = tpot * (1.0 + dev.batch / 128.0)

@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from agents.collectors.base import NodeIdentity
 from agents.sim.hardware import CLOCK_LOW_FACTOR, AcceleratorSpec
+from controllers.shedding import Admission, LoadShedder, ShedConfig, WorkClass
 from schemas.base import AcceleratorType, pool_name
 from schemas.commands import ClockMode
 
@@ -48,7 +49,8 @@ class Device:
     busy_ratio: float = 0.0
     queue: float = 0.0
     offered_rps: float = 0.0
-    served_rps: float = 0.0
+    served_rps: float = 0.0  # baseline and optional work
+    optional_rps: float = 0.0  # of which optional
     rejected: float = 0.0
     errors: float = 0.0
     batch: float = 0.0
@@ -131,6 +133,22 @@ class RouterTable:
     admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
     batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
     opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
+    # each replica's local shedder: optional work it takes, by its own queue's delay
+    shedders: dict[str, LoadShedder] = field(default_factory=dict)  # device uuid
+
+    def optional_rps(self, dev: Device, capacity_rps: float, spare_rps: float) -> float:
+        """Optional work this replica serves now: the pool's budget share of its capacity,
+        degraded (halved) or dropped by its shedder as its queue grows, and never more than
+        what baseline work leaves spare (baseline never waits for it)."""
+        budget = self.opportunistic_budget_ratio.get(dev.pool, 0.0)
+        if budget <= 0 or capacity_rps <= 0:
+            return 0.0
+        shedder = self.shedders.get(dev.uuid)
+        if shedder is None:
+            shedder = self.shedders[dev.uuid] = LoadShedder(ShedConfig())
+        verdict = shedder.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=dev.queue / capacity_rps)
+        share = {Admission.ADMIT: 1.0, Admission.DEGRADE: 0.5, Admission.DROP: 0.0}[verdict]
+        return max(0.0, min(budget * capacity_rps * share, spare_rps))
 
     def weight(self, model: str, pool: str) -> float:
         return self.pool_weights.get((model, pool), self.pool_weights.get(("*", pool), 1.0))

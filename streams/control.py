@@ -1,0 +1,297 @@
+"""Capacity, batch and power control: telemetry per period in, throttle commands out.
+
+:class:`ControlPlanner` gathers, per control period of event time:
+
+- per pool, from serving telemetry: the worst replica TPOT p95 and each
+  replica's batch and queue; at the period's end the pool's
+  :class:`~controllers.capacity.CapacityController` sets its optional-work
+  budget (latency over the SLO, and load over the batch slots the TPOT guard
+  allows) and its :class:`~controllers.tpot_guard.TpotGuard` its batch-size
+  target;
+- per rack, from PDU readings (the phases summed) and accelerator telemetry
+  (each device's draw and power limit): its
+  :class:`~controllers.power.PowerController` caps or lifts devices.
+
+Every step that changes something (or refuses to, for a reason an SRE would
+ask about) is a :class:`~schemas.verdicts.Decision` with its reason and, for
+the budget, the P, I and D terms; with a signing key it is also a signed
+``ThrottleCommand`` (budget and batch size to the pool's router, caps and
+clock mode to the device's node). Power that caps and clocks cannot shed is an
+advisory ``move_batch`` decision: there is no batch scheduler to command yet.
+
+``control.plan`` adapts it to faust. One instance sees every pool and rack
+(serving telemetry is keyed by node, PDU readings by PDU).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import faust
+
+from controllers.capacity import CapacityConfig, CapacityController, CapacityReason
+from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever, PowerReason
+from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
+from schemas.codec import DecodeError, decode, encode
+from schemas.commands import ClockMode, Target, ThrottleAction, ThrottleCommand
+from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+from schemas.signing import sign
+from schemas.topics import ACCELERATOR, DECISIONS, PDU, SERVING, THROTTLE_COMMANDS, TopicSpec
+from schemas.verdicts import Decision, DecisionOutcome
+from streams.controller_metrics import ControllerMetrics
+
+NOTEWORTHY = {CapacityReason.SLO_BREACH, CapacityReason.STALE_INPUT, CapacityReason.INVALID_INPUT}
+
+
+@dataclass(frozen=True, slots=True)
+class ControlWiring:
+    topic_prefix: str = ""
+    signing_key: tuple[str, bytes] | None = None
+    issuer: str = "control"
+    command_ttl_s: float = 30.0
+    period_s: float = 10.0
+    tpot_slo_s: float = 0.08
+    min_cap_ratio: float = 0.4  # lowest cap asked for, as a share of the device's default
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
+
+
+@dataclass(slots=True)
+class _Pool:
+    capacity: CapacityController
+    guard: TpotGuard
+    period: int = -1
+    tpot_p95_s: float | None = None
+    replicas: dict[str, tuple[int, int]] = field(default_factory=dict)  # batch, queue
+
+
+@dataclass(slots=True)
+class _Rack:
+    power: PowerController
+    period: int = -1
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # watts, limit
+
+
+@dataclass(slots=True)
+class _Device:
+    node_id: str
+    rack_id: str
+    draw_watts: float
+    cap_watts: float
+    default_watts: float
+    low_clock: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    decision: Decision
+    command: ThrottleCommand | None
+
+
+class ControlPlanner:
+    """See the module docstring."""
+
+    def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
+        self.w = w
+        self.new_id = new_id
+        self.pools: dict[str, _Pool] = {}
+        self.racks: dict[str, _Rack] = {}
+        self.devices: dict[str, _Device] = {}
+
+    def _period(self, at: datetime) -> int:
+        return int(at.timestamp() // self.w.period_s)
+
+    def _end(self, period: int) -> datetime:
+        return datetime.fromtimestamp((period + 1) * self.w.period_s, UTC)
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def serving(self, m: ServingMetrics) -> list[Output]:
+        pool = self.pools.get(m.pool)
+        if pool is None:
+            pool = self.pools[m.pool] = _Pool(
+                CapacityController(self.w.capacity), TpotGuard(self.w.tpot_guard)
+            )
+        period, out = self._period(m.observed_at), []
+        if period > pool.period >= 0:
+            out = self._close_pool(m.pool, pool)
+        if period >= pool.period:
+            pool.period = period
+            if m.tpot_p95_s is not None:
+                pool.tpot_p95_s = max(pool.tpot_p95_s or 0.0, m.tpot_p95_s)
+            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth)
+        return out
+
+    def accelerator(self, t: AcceleratorTelemetry) -> None:
+        if t.power_usage_watts is None or t.power_limit_watts is None:
+            return
+        d = self.devices.get(t.device_uuid)
+        if d is None:
+            d = self.devices[t.device_uuid] = _Device(
+                t.node_id, t.rack_id, t.power_usage_watts, t.power_limit_watts,
+                t.power_limit_watts,
+            )  # fmt: skip
+        d.draw_watts, d.cap_watts = t.power_usage_watts, t.power_limit_watts
+        d.default_watts = max(d.default_watts, t.power_limit_watts)
+
+    def pdu(self, r: PduReading) -> list[Output]:
+        rack = self.racks.get(r.rack_id)
+        if rack is None:
+            rack = self.racks[r.rack_id] = _Rack(PowerController(self.w.power))
+        period, out = self._period(r.observed_at), []
+        if period > rack.period >= 0:
+            out = self._close_rack(r.rack_id, rack)
+        if period >= rack.period:
+            rack.period = period
+            rack.phases[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
+        return out
+
+    # -- period ends ----------------------------------------------------------------------
+
+    def _close_pool(self, name: str, pool: _Pool) -> list[Output]:
+        w, end = self.w, self._end(pool.period)
+        tpot, replicas = pool.tpot_p95_s, pool.replicas
+        pool.tpot_p95_s, pool.replicas = None, {}
+        slots = max(1, len(replicas)) * pool.guard.target
+        load = sum(b + q for b, q in replicas.values()) / slots
+        before = pool.capacity.budget
+        d = pool.capacity.step(
+            now=end.timestamp(),
+            latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
+            load_ratio=load,
+        )
+        out = []
+        if d.applied != before or d.reason in NOTEWORTHY:
+            out.append(self._output(
+                end, name, "capacity", ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
+                d.message, Target(pool=name), changed=d.applied != before,
+                extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
+                       "i_term": d.i, "d_term": d.d},
+                params={"opportunistic_budget_ratio": round(d.applied, 4)},
+            ))  # fmt: skip
+        b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s)
+        if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
+            out.append(self._output(
+                end, name, "tpot_guard", ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
+                Target(pool=name), changed=True,
+                extra={"desired": float(b.target), "applied": float(b.target)},
+                params={"batch_size_max": b.target},
+            ))  # fmt: skip
+        return out
+
+    def _close_rack(self, rack_id: str, rack: _Rack) -> list[Output]:
+        w, end = self.w, self._end(rack.period)
+        draw = sum(p for p, _ in rack.phases.values()) if rack.phases else None
+        limit = sum(lim for _, lim in rack.phases.values())
+        rack.phases = {}
+        members = {u: d for u, d in self.devices.items() if d.rack_id == rack_id}
+        plan = rack.power.step(
+            draw_watts=draw, limit_watts=limit,
+            devices=[
+                DevicePower(u, 1, d.draw_watts, d.cap_watts, w.min_cap_ratio * d.default_watts,
+                            d.default_watts, d.low_clock)
+                for u, d in members.items()
+            ],
+        )  # fmt: skip
+        if plan.reason in (PowerReason.HOLD, PowerReason.INVALID_INPUT) and not plan.actions:
+            return []
+        out = []
+        for a in plan.actions:
+            d = members[a.device_uuid]
+            target = Target(node_id=d.node_id, device_uuid=a.device_uuid, rack_id=rack_id)
+            if a.lever is PowerLever.CAP and a.watts is not None:
+                d.cap_watts = a.watts
+                params: dict[str, Any] = {"power_limit_watts": a.watts}
+                action = ThrottleAction.POWER_CAP
+            else:
+                d.low_clock = a.lever is PowerLever.LOW_CLOCK
+                params = {"clock_mode": ClockMode.LOW if d.low_clock else ClockMode.DEFAULT}
+                action = ThrottleAction.CLOCK_MODE
+            out.append(self._output(
+                end, rack_id, "power", action, plan.reason.value, plan.message, target,
+                changed=True, extra={"rack_id": rack_id, "applied": a.watts}, params=params,
+            ))  # fmt: skip
+        if plan.reason is PowerReason.MOVE_BATCH:
+            decision = Decision(
+                decision_id=self.new_id(), decided_at=end, controller="power", target=rack_id,
+                rack_id=rack_id, action="move_batch", outcome=DecisionOutcome.ADVISORY,
+                reason=plan.reason.value, message=plan.message,
+                desired=plan.move_batch_watts,
+            )  # fmt: skip
+            out.append(Output(decision, None))
+        return out
+
+    def _output(
+        self, at: datetime, target_name: str, controller: str, action: ThrottleAction,
+        reason: str, message: str, target: Target, *, changed: bool, extra: dict[str, Any],
+        params: dict[str, Any],
+    ) -> Output:  # fmt: skip
+        decision_id = self.new_id()
+        command = None
+        if changed and self.w.signing_key is not None:
+            kid, key = self.w.signing_key
+            command = sign(
+                ThrottleCommand(
+                    command_id=self.new_id(), issued_at=at,
+                    expires_at=at + timedelta(seconds=self.w.command_ttl_s),
+                    issuer=self.w.issuer, target=target, reason=reason, message=message[:1024],
+                    decision_id=decision_id, action=action, **params,
+                ),
+                key_id=kid, key=key,
+            )  # fmt: skip
+        outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
+        decision = Decision(
+            decision_id=decision_id, decided_at=at, controller=controller, target=target_name,
+            pool=target.pool, action=action.value, outcome=outcome, reason=reason,
+            message=message[:1024], command_id=None if command is None else command.command_id,
+            **extra,
+        )  # fmt: skip
+        return Output(decision, command)
+
+
+def add_control(app: faust.App, w: ControlWiring, shared: ControllerMetrics) -> list[TopicSpec]:
+    """Register ``control.plan`` on ``app``; returns the topics it reads."""
+    planner = ControlPlanner(w)
+    specs = {w.topic_prefix + s.name: s for s in (SERVING, PDU, ACCELERATOR)}
+    source = app.topic(*specs, value_type=bytes, key_type=bytes)
+    commands = app.topic(w.topic_prefix + THROTTLE_COMMANDS.name, value_type=bytes, key_type=bytes)
+    decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
+    reasons = [*CapacityReason, *BatchReason, *PowerReason]
+    for controller in ("capacity", "tpot_guard", "power"):
+        shared.declare(controller, [r.value for r in reasons])
+
+    async def plan(stream: Any) -> None:
+        async for events in stream.take_events(5_000, within=0.5):
+            for e in events:
+                spec = specs[e.message.topic]
+                try:
+                    if spec is ACCELERATOR:
+                        planner.accelerator(decode(e.message.value, AcceleratorTelemetry))
+                        continue
+                    if spec is PDU:
+                        made = planner.pdu(decode(e.message.value, PduReading))
+                    else:
+                        made = planner.serving(decode(e.message.value, ServingMetrics))
+                except DecodeError:
+                    continue  # ingest dead-letters it
+                for o in made:
+                    if o.command is not None:
+                        await commands.send(
+                            key=THROTTLE_COMMANDS.key_for(o.command), value=encode(o.command)
+                        )
+                        shared.commands.labels("ThrottleCommand", o.command.action.value).inc()
+                    await decisions.send(
+                        key=DECISIONS.key_for(o.decision), value=encode(o.decision)
+                    )
+                    shared.decisions.labels(
+                        o.decision.controller, o.decision.outcome.value, o.decision.reason
+                    ).inc()
+
+    plan.__name__ = plan.__qualname__ = "control.plan"
+    app.agent(source, name="control.plan", concurrency=1)(plan)
+    return [SERVING, PDU, ACCELERATOR]

@@ -1,0 +1,102 @@
+"""The control processor's logic in-process: simulated telemetry -> ControlPlanner ->
+signed throttle commands -> executors on the simulated fleet -> the fleet changes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from agents.sim.control import SimControl
+from agents.sim.scenario import load_scenario
+from agents.sim.simulation import Simulation
+from fleetloop.sim import build_host
+from schemas.commands import ResultStatus, ThrottleAction
+from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+from schemas.signing import verify
+from schemas.verdicts import DecisionOutcome
+from streams.control import ControlPlanner, ControlWiring, Output
+from tests.factories import COMMAND_KEYS, START
+
+SCENARIOS = Path(__file__).parents[2] / "scenarios"
+KEY = next(iter(COMMAND_KEYS.items()))
+
+
+def _feed(planner: ControlPlanner, records: list[tuple[object, object]]) -> list[Output]:
+    out: list[Output] = []
+    for _, event in records:
+        if isinstance(event, AcceleratorTelemetry):
+            planner.accelerator(event)
+        elif isinstance(event, PduReading):
+            out += planner.pdu(event)
+        elif isinstance(event, ServingMetrics):
+            out += planner.serving(event)
+    return out
+
+
+def _run(*, controlled: bool, seconds: int = 600) -> tuple[Simulation, list[Output]]:
+    sim = Simulation(load_scenario(SCENARIOS / "pdu-overload.yaml"), start=START)
+    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08))
+    outputs: list[Output] = []
+    for n in range(int(seconds / sim.interval_s)):
+        made = _feed(planner, sim.tick(n))  # type: ignore[arg-type]
+        outputs += made
+        if not controlled:
+            continue
+        for o in made:
+            if o.command is not None:
+                result = host.handle(o.command, now=sim.now, received_at=sim.now)
+                assert result is not None and result.status is ResultStatus.APPLIED, result
+    return sim, outputs
+
+
+def test_power_caps_keep_a_degraded_rack_from_tripping() -> None:
+    uncontrolled, _ = _run(controlled=False)
+    trips = [c for c in uncontrolled.faults.consequences if c["what"] == "breaker_trip"]
+    assert trips, "the scenario must trip the breaker when nothing acts"
+    sim, outputs = _run(controlled=True)
+    assert not [c for c in sim.faults.consequences if c["what"] == "breaker_trip"]
+    caps = [o for o in outputs if o.command is not None
+            and o.command.action is ThrottleAction.POWER_CAP]  # fmt: skip
+    assert caps and all(verify(o.command, keys=COMMAND_KEYS) for o in caps if o.command)
+    rack0 = sim.fleet.racks[0]
+    assert caps[0].decision.rack_id == rack0.rack_id
+    # after the feed is repaired the caps come off again
+    assert all(d.power_cap_watts == d.spec.power_limit_watts
+               for n in rack0.nodes for d in n.devices)  # fmt: skip
+
+
+def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
+    sim, outputs = _run(controlled=True, seconds=120)
+    budget = [o for o in outputs if o.decision.controller == "capacity"]
+    assert budget, "a pool with headroom gets an optional-work budget"
+    first = budget[0].decision
+    assert first.p_term is not None and first.i_term is not None and first.d_term is not None
+    assert first.outcome is DecisionOutcome.ISSUED and first.applied and first.applied > 0
+    assert budget[0].command is not None
+    assert budget[0].command.opportunistic_budget_ratio == round(first.applied, 4)
+    # the router took it: optional work is served, and only from capacity baseline left
+    optional = [d for d in sim.fleet.devices.values() if d.optional_rps > 0]
+    assert optional and all(d.queue == 0 or d.optional_rps == 0 for d in optional)
+
+
+def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() -> None:
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.05))
+    made: list[Output] = []
+    for k in range(40):
+        tpot = 0.03 if k < 20 else 0.09
+        m = ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=5 * k),
+            replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+            region="us-east", accelerator_type="H100", interval_s=5.0, tpot_p95_s=tpot,
+            queue_depth=0, batch_size=64, tokens_per_s=900.0, requests=10, errors=0,
+        )  # fmt: skip
+        made += planner.serving(m)
+    reasons = [(o.decision.controller, o.decision.reason) for o in made]
+    assert ("capacity", "slo_breach") in reasons
+    assert ("tpot_guard", "tpot_high") in reasons
+    cut = next(o for o in made if o.decision.reason == "tpot_high")
+    assert cut.command is not None and cut.command.batch_size_max == 204
