@@ -77,6 +77,7 @@ SELECT c.action, coalesce(c.target_device_uuid, c.target_pool, c.target_node_id)
        c.reason, r.executor, r.status, substring(r.detail, 1, 58) AS detail
 FROM {db}.command_results AS r INNER JOIN {db}.commands AS c ON c.command_id = r.command_id
 WHERE r.ingested_at >= {since} AND c.ingested_at >= {since}
+  AND c.action != 'opportunistic_budget'
 ORDER BY r.completed_at, r.src_offset LIMIT 1 BY r.result_id
 """
 DEVICE_SQL = """
@@ -107,7 +108,16 @@ SELECT decided_at, controller, target, action, outcome, reason,
        substring(message, 1, 50) AS message
 FROM {db}.decisions WHERE ingested_at >= {since} AND (outcome != 'refused' OR reason != 'pool_cap'
    OR target IN (SELECT target FROM {db}.decisions WHERE outcome = 'issued'))
+   AND controller NOT IN ('capacity', 'power')
 ORDER BY decided_at LIMIT 40
+"""
+CONTROL_SQL = """
+SELECT controller, target, count() AS decisions, groupUniqArray(reason) AS reasons,
+       round(argMax(applied, decided_at), 3) AS last_applied,
+       round(argMax(p_term, decided_at), 3) AS p, round(argMax(i_term, decided_at), 3) AS i
+FROM {db}.decisions
+WHERE ingested_at >= {since} AND controller IN ('capacity', 'tpot_guard', 'power')
+GROUP BY controller, target ORDER BY controller, target
 """
 VERDICTS_SQL = """
 SELECT observed_at, status, previous_status AS was, score, substring(evidence, 1, 70) AS evidence
@@ -317,6 +327,7 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
     table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
     table("every command and its result", RESULTS_SQL)
     table("the controllers' decisions (and the guardrail's refusals)", DECISIONS_SQL)
+    table("capacity, batch and power control: what each pool and rack was given", CONTROL_SQL)
     if op.quarantined:
         table(f"{op.quarantined}: its health verdicts", VERDICTS_SQL, device=op.quarantined)
         table(

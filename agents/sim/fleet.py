@@ -295,7 +295,9 @@ class Fleet:
         if dev.queue > limit:
             dev.rejected += dev.queue - limit
             dev.queue = limit
-        dev.optional_rps = self.router.optional_rps(dev, capacity_rps, capacity_rps - served / dt)
+        # optional work goes only where the router sends work at all (not drained, ejected...)
+        spare = capacity_rps - served / dt if self.host_weight(dev) > 0 else 0.0
+        dev.optional_rps = self.router.optional_rps(dev, capacity_rps, spare)
         dev.served_rps = served / dt + dev.optional_rps
         dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
         dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)

@@ -13,7 +13,7 @@ from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.sim import build_host
-from schemas.commands import ResultStatus, ThrottleAction
+from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import DecisionOutcome
@@ -100,3 +100,17 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
     assert ("tpot_guard", "tpot_high") in reasons
     cut = next(o for o in made if o.decision.reason == "tpot_high")
     assert cut.command is not None and cut.command.batch_size_max == 204
+
+
+def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
+    sim = Simulation(load_scenario(SCENARIOS / "steady.yaml"), start=START)
+    sim.tick(0)
+    control = SimControl(sim.fleet)
+    drained = next(d for d in sim.fleet.devices.values() if d.model is not None)
+    control.set_admission_state(drained.uuid, RouteAction.DRAIN, weight_ratio=None)
+    control.set_pool_lever(drained.pool, "opportunistic_budget", 0.3)
+    for n in range(1, 5):
+        sim.tick(n)
+    peers = [d for d in sim.fleet.devices.values()
+             if d.pool == drained.pool and d is not drained and d.model is not None]  # fmt: skip
+    assert drained.optional_rps == 0.0 and any(d.optional_rps > 0 for d in peers)
