@@ -10,8 +10,9 @@ recovers only once the delay is ``recover_ratio`` below its threshold
 (hysteresis), so a queue on the edge does not flap.
 
 **Retry budget** (:class:`RetryBudget`): retries at most ``ratio`` of recent
-requests (a token bucket filled by requests), so a struggling route is not
-buried under its own retries.
+requests (a token bucket filled by requests, holding at most ``burst``), so a
+struggling route is not buried under its own retries. Counts may be
+fractional (a fluid model's requests per step).
 
 **Circuit breaker** (:class:`CircuitBreaker`): per route; opens when the
 error ratio over the last ``window`` calls passes ``failure_ratio`` (with at
@@ -107,14 +108,14 @@ class RetryBudget:
     burst: float = 10.0
     tokens: float = 10.0
 
-    def on_request(self) -> None:
-        self.tokens = min(self.burst, self.tokens + self.ratio)
+    def on_requests(self, n: float = 1.0) -> None:
+        self.tokens = min(self.burst, self.tokens + self.ratio * max(0.0, n))
 
-    def try_retry(self) -> bool:
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
+    def grant(self, wanted: float = 1.0) -> float:
+        """How many of ``wanted`` retries may go (all, some, or none)."""
+        granted = min(max(0.0, wanted), self.tokens)
+        self.tokens -= granted
+        return granted
 
 
 class BreakerState(StrEnum):

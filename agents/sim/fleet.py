@@ -7,8 +7,9 @@ Each step of ``interval_s`` simulated seconds:
 2. routing: each region's demand is split over the replicas serving the model
    there, in proportion to ``pool weight x host weight`` (the router's table);
    a region with no replica spills to the others; crashed hosts refuse
-   connections, so the router skips them, but a failed device still takes
-   traffic and errors;
+   connections, so the router skips them; a failed device takes traffic and
+   errors until its route's circuit breaker opens, and errors are retried
+   next step as far as the retry budget of the model and region allows;
 3. per device: a request queue served at ``capacity x clock x health``
    (``agents.sim.hardware``), busy ratio, batch size by Little's law, TPOT
    and TTFT from batch, queue, clocks and health;
@@ -181,6 +182,8 @@ class Fleet:
             self._serve(dev, active, t, dt)
             self._heat(dev, active, dt)
             self._errors(dev, active, t, dt)
+            if dev.model is not None:
+                self.router.record_step(dev, (dev.model, dev.node.region), t, dt)
         self._racks(active, t)
 
     def _apply_node_faults(self, active: ActiveFaults, t: float) -> None:
@@ -238,13 +241,14 @@ class Fleet:
                 * self.host_weight(dev)
                 * (dev.spec.capacity_tokens_per_s(m) / m.generated_tokens)
             )
-            if w > 0:
+            if w > 0 and self.router.route_open(dev.uuid, t):
                 candidates.setdefault((dev.model, dev.node.region), []).append((dev, w))
         for model in MODELS:
             for region in REGIONS:
                 o = self.demand.at(model, region, t)
                 rps = self.scale.get((model, region), 0.0) * o.rps
                 rps = rps * active.demand_factor(model, region) + active.cold_rps(model, region)
+                rps += self.router.retries.pop((model, region), 0.0)
                 if rps <= 0:
                     continue
                 self.offered[(model, region)] = rps

@@ -11,7 +11,14 @@ from enum import StrEnum
 
 from agents.collectors.base import NodeIdentity
 from agents.sim.hardware import CLOCK_LOW_FACTOR, AcceleratorSpec
-from controllers.shedding import Admission, LoadShedder, ShedConfig, WorkClass
+from controllers.shedding import (
+    Admission,
+    CircuitBreaker,
+    LoadShedder,
+    RetryBudget,
+    ShedConfig,
+    WorkClass,
+)
 from schemas.base import AcceleratorType, pool_name
 from schemas.commands import ClockMode
 
@@ -135,6 +142,31 @@ class RouterTable:
     opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
     # each replica's local shedder: optional work it takes, by its own queue's delay
     shedders: dict[str, LoadShedder] = field(default_factory=dict)  # device uuid
+    breakers: dict[str, CircuitBreaker] = field(default_factory=dict)  # device uuid
+    retry_budgets: dict[tuple[str, str], RetryBudget] = field(default_factory=dict)
+    retries: dict[tuple[str, str], float] = field(default_factory=dict)  # rps for next step
+    retried_total: float = 0.0  # requests retried so far
+
+    def route_open(self, uuid: str, now: float) -> bool:
+        """Whether the route to this replica takes traffic (its breaker closed or probing)."""
+        breaker = self.breakers.get(uuid)
+        return breaker is None or breaker.allow(now=now)
+
+    def record_step(self, dev: Device, key: tuple[str, str], now: float, dt: float) -> None:
+        """After a step: the route's outcome to its breaker (a step that errored on most
+        of its requests is a failure), and its errors retried next step on the same
+        model and region, as far as the retry budget allows."""
+        requests = dev.served_rps * dt
+        if requests <= 0:
+            return
+        breaker = self.breakers.setdefault(dev.uuid, CircuitBreaker(min_calls=5, window=10))
+        breaker.record(ok=dev.errors <= 0.5 * requests, now=now)
+        budget = self.retry_budgets.setdefault(key, RetryBudget(ratio=0.1, burst=50.0))
+        budget.on_requests(requests)
+        if dev.errors > 0:
+            granted = budget.grant(dev.errors)
+            self.retried_total += granted
+            self.retries[key] = self.retries.get(key, 0.0) + granted / dt
 
     def optional_rps(self, dev: Device, capacity_rps: float, spare_rps: float) -> float:
         """Optional work this replica serves now: the pool's budget share of its capacity,

@@ -209,8 +209,10 @@ def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
 def test_retry_budget_and_circuit_breaker() -> None:
     budget = RetryBudget(ratio=0.25, burst=2.0, tokens=0.0)
     for _ in range(12):
-        budget.on_request()
-    assert budget.try_retry() and budget.try_retry() and not budget.try_retry()
+        budget.on_requests()
+    assert budget.grant() == 1.0 and budget.grant(5.0) == 1.0 and budget.grant() == 0.0
+    budget.on_requests(4.0)  # a fluid step of four requests earns one retry
+    assert budget.grant(3.0) == pytest.approx(1.0)
     b = CircuitBreaker(failure_ratio=0.5, min_calls=4, open_s=5.0, probes=2)
     for ok in (True, False, False, False):
         b.record(ok=ok, now=0.0)

@@ -292,7 +292,7 @@ def test_ecc_storm_climbs_then_ends_in_a_double_bit_fault() -> None:
     assert sim.faults.consequences[0]["what"] == "double_bit_ecc"
 
 
-def test_failed_device_still_takes_traffic_and_returns_errors() -> None:
+def test_failed_device_errors_until_its_route_breaker_opens_then_only_probes() -> None:
     fault = FaultSpec(
         kind=FaultKind.ECC_STORM,
         target=TargetSpec(node=0, device=1),
@@ -301,8 +301,17 @@ def test_failed_device_still_takes_traffic_and_returns_errors() -> None:
         params={"lead_s": 5},
     )
     sim = _sim(fault)
-    served = _serving(_run(sim, 20), "node-00000-gpu1")[-5:]
-    assert all(m.requests > 0 and m.errors >= m.requests for m in served)
+    served = _serving(_run(sim, 40), "node-00000-gpu1")
+    failing = [m for m in served if m.errors > 0]
+    assert failing and all(m.errors >= m.requests for m in failing)  # every request errors
+    # five failed steps open the breaker: from then on the route carries only probes
+    first = served.index(failing[0])
+    assert sum(1 for m in served[first + 6 :] if m.requests > 0) < len(served[first + 6 :]) / 2
+    router = sim.fleet.router
+    assert router.breakers["node-00000-gpu1"].state.value in ("open", "half_open")
+    # its errors were retried on the model's other replicas, as the budget allowed
+    errors = sum(m.errors for m in served)
+    assert 0 < router.retried_total <= errors
 
 
 def test_grey_slowdown_raises_tpot_with_every_counter_clean() -> None:
