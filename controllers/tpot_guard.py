@@ -4,7 +4,10 @@ A bigger batch gives more tokens per second and a slower token for each
 sequence. Per pool, once per period, from the TPOT p95 against its SLO:
 
 - above ``high_ratio`` of the SLO: the target drops to ``decrease_factor`` of
-  itself (multiplicative: fast), at most once per ``cooldown_periods``;
+  itself (multiplicative: fast), at most once per ``cooldown_periods``, but
+  only when the batch in use is above that (the cap binds): a pool whose TPOT
+  is slow at a small batch is slow for another reason, and a smaller cap would
+  cost throughput for nothing (``not_batch_bound``);
 - below ``low_ratio`` for ``hold_periods`` periods in a row: it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
 - in between (the hysteresis band), or with no valid reading: it holds.
@@ -25,6 +28,7 @@ from enum import StrEnum
 class BatchReason(StrEnum):
     TPOT_HIGH = "tpot_high"
     TPOT_LOW = "tpot_low"
+    NOT_BATCH_BOUND = "not_batch_bound"
     HOLD = "hold"
     INVALID_INPUT = "invalid_input"
 
@@ -66,7 +70,11 @@ class TpotGuard:
         self.low_streak = 0
         self.since_cut = config.cooldown_periods
 
-    def step(self, *, tpot_p95_s: float | None, slo_s: float) -> BatchDecision:
+    def step(
+        self, *, tpot_p95_s: float | None, slo_s: float, batch_in_use: int | None = None
+    ) -> BatchDecision:
+        """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
+        taken as binding)."""
         c, before = self.config, self.target
         self.since_cut += 1
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
@@ -75,8 +83,13 @@ class TpotGuard:
         ratio = tpot_p95_s / slo_s
         if ratio > c.high_ratio:
             self.low_streak = 0
+            cut = max(c.min_batch, math.floor(self.target * c.decrease_factor))
+            if batch_in_use is not None and batch_in_use <= cut:
+                return BatchDecision(before, before, BatchReason.NOT_BATCH_BOUND,
+                                     f"TPOT at {ratio:.2f} of the SLO at batch {batch_in_use}: "
+                                     f"a cap of {cut} would not change it")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
-                self.target = max(c.min_batch, math.floor(self.target * c.decrease_factor))
+                self.target = cut
                 self.since_cut = 0
                 return BatchDecision(self.target, before, BatchReason.TPOT_HIGH,
                                      f"TPOT at {ratio:.2f} of the SLO: batch {before} -> "

@@ -91,7 +91,8 @@ class Ours:
         actions = int(d.applied != self.budget)
         self.budget = d.applied
         tpot = None if reading.tpot_ratio is None else reading.tpot_ratio * plant.shape.tpot_slo_s
-        b = self.guard.step(tpot_p95_s=tpot, slo_s=plant.shape.tpot_slo_s)
+        b = self.guard.step(tpot_p95_s=tpot, slo_s=plant.shape.tpot_slo_s,
+                            batch_in_use=plant.batch_in_use)  # fmt: skip
         if b.target != plant.batch_target:
             plant.batch_target, actions = b.target, actions + 1
         return actions

@@ -174,7 +174,8 @@ class ControlPlanner:
                        "i_term": d.i, "d_term": d.d},
                 params={"opportunistic_budget_ratio": round(d.applied, 4)},
             ))  # fmt: skip
-        b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s)
+        in_use = max((b for b, _ in replicas.values()), default=None)
+        b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
                 end, name, "tpot_guard", ThrottleAction.BATCH_SIZE, b.reason.value, b.message,

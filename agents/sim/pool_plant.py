@@ -102,6 +102,13 @@ class PoolPlant:
     def rack_of(self, device: int) -> int:
         return device * self.shape.racks // self.shape.devices
 
+    @property
+    def batch_in_use(self) -> int:
+        """Sequences per device in the last second's batch (Little's law)."""
+        clock = sum(self.clocks) / len(self.clocks)
+        x_eff = min(0.999, self.x_last * self.slowdown / clock)
+        return round(SLOT_SHARE * x_eff / (1.0 - x_eff))
+
     def admission_cap(self, clock: float) -> float:
         """Load (nominal units) the router admits at mean clock ``clock``."""
         busy = slots(self.batch_target)

@@ -185,6 +185,11 @@ def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
     assert [s.reason for s in steps][-1] is BatchReason.TPOT_LOW and g.target == 220
     for bad in (None, math.nan, math.inf):
         assert g.step(tpot_p95_s=bad, slo_s=0.06).reason is BatchReason.INVALID_INPUT
+    # slow at a small batch: a smaller cap would not help, so none is asked for
+    held = TpotGuard(TpotGuardConfig(max_batch=256))
+    d = held.step(tpot_p95_s=0.07, slo_s=0.06, batch_in_use=12)
+    assert (d.reason, held.target) == (BatchReason.NOT_BATCH_BOUND, 256)
+    assert held.step(tpot_p95_s=0.07, slo_s=0.06, batch_in_use=250).target == 204
     # +-5% around the middle of the band: never an action
     quiet = TpotGuard(TpotGuardConfig())
     assert all(quiet.step(tpot_p95_s=0.051 * (1 + 0.05 * math.sin(k)), slo_s=0.06).reason

@@ -92,7 +92,8 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
             event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=5 * k),
             replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
             region="us-east", accelerator_type="H100", interval_s=5.0, tpot_p95_s=tpot,
-            queue_depth=0, batch_size=64, tokens_per_s=900.0, requests=10, errors=0,
+            queue_depth=0, batch_size=64 if k < 20 else 250, tokens_per_s=900.0, requests=10,
+            errors=0,
         )  # fmt: skip
         made += planner.serving(m)
     reasons = [(o.decision.controller, o.decision.reason) for o in made]
