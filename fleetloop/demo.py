@@ -77,7 +77,7 @@ SELECT c.action, coalesce(c.target_device_uuid, c.target_pool, c.target_node_id)
        c.reason, r.executor, r.status, substring(r.detail, 1, 58) AS detail
 FROM {db}.command_results AS r INNER JOIN {db}.commands AS c ON c.command_id = r.command_id
 WHERE r.ingested_at >= {since} AND c.ingested_at >= {since}
-  AND c.action != 'opportunistic_budget'
+  AND c.action NOT IN ('opportunistic_budget', 'power_cap', 'clock_mode')
 ORDER BY r.completed_at, r.src_offset LIMIT 1 BY r.result_id
 """
 DEVICE_SQL = """
@@ -325,7 +325,7 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
             break
         time.sleep(1)
     table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
-    table("every command and its result", RESULTS_SQL)
+    table("every command and its result (budgets and caps: see control, below)", RESULTS_SQL)
     table("the controllers' decisions (and the guardrail's refusals)", DECISIONS_SQL)
     table("capacity, batch and power control: what each pool and rack was given", CONTROL_SQL)
     if op.quarantined:
