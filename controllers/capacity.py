@@ -53,6 +53,7 @@ class CapacityReason(StrEnum):
     STABILISING = "stabilising"
     RATE_LIMITED = "rate_limited"
     CLAMPED = "clamped"
+    GLOBAL_BUDGET = "global_budget"  # other pools hold the fleet's optional-work limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,21 @@ class CapacityController:
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
 
+    def limit(self, ratio: float) -> bool:
+        """Hold the budget at ``ratio`` at most (a cap from outside, such as the global
+        budget), unwinding the integral so it does not push against the cap."""
+        if self.budget <= ratio:
+            return False
+        self.budget = ratio
+        self.state = PidState(
+            integral=min(self.state.integral, ratio - self.pid.bias),
+            last_measurement=self.state.last_measurement,
+            last_at=self.state.last_at,
+            derivative=self.state.derivative,
+            output=ratio,
+        )
+        return True
+
     def _stale_or_hold(self, now: float) -> CapacityDecision:
         c = self.config
         if self.fresh_at is not None and now - self.fresh_at < c.stale_after_s:
@@ -215,15 +231,21 @@ def split_levers(budget_ratio: float, baseline_ratio: float, cfg: LeverConfig) -
 
 @dataclass(slots=True)
 class GlobalBudget:
-    """Optional work across pools capped at ``limit_units`` (device-equivalents, say)."""
+    """Optional work across pools capped at ``limit_units`` (device-equivalents, say).
+
+    Pools step at their own times, so each asks when it steps: it may hold what the
+    others leave (:meth:`grant`). What a pool holds stays held until its next step; a
+    pool that gives work back frees room for the next that asks.
+    """
 
     limit_units: float
-    last: dict[str, float] = field(default_factory=dict)
+    held: dict[str, float] = field(default_factory=dict)  # pool -> units held now
 
-    def allocate(self, wanted: dict[str, tuple[float, float]]) -> dict[str, float]:
-        """``wanted``: pool -> (budget ratio, pool capacity in units). Returns each pool's
-        ratio, scaled down in proportion when their sum exceeds the limit."""
-        units = sum(ratio * cap for ratio, cap in wanted.values())
-        scale = 1.0 if units <= self.limit_units else self.limit_units / units
-        self.last = {pool: ratio * scale for pool, (ratio, _) in wanted.items()}
-        return dict(self.last)
+    def grant(self, pool: str, ratio: float, capacity_units: float) -> float:
+        """The share of ``pool``'s capacity it may give optional work: ``ratio``, or less
+        when the other pools already hold most of the limit."""
+        others = sum(units for p, units in self.held.items() if p != pool)
+        room = max(0.0, self.limit_units - others)
+        granted = min(ratio, room / capacity_units) if capacity_units > 0 else 0.0
+        self.held[pool] = granted * max(0.0, capacity_units)
+        return granted

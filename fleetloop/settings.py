@@ -201,6 +201,9 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
     tpot_slo_s: float = Field(0.08, gt=0, description="control: TPOT p95 every pool must meet")
     control_period_s: float = Field(10.0, gt=0, description="control: one period of event time")
+    global_budget_devices: float = Field(
+        float("inf"), gt=0, description="control: optional work the fleet may run, in devices"
+    )
 
     @property
     def roles(self) -> set[str]:

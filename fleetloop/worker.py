@@ -66,6 +66,7 @@ def _control_wiring(settings: WorkerSettings) -> ControlWiring | None:
         command_ttl_s=settings.command_ttl_s,
         period_s=settings.control_period_s,
         tpot_slo_s=settings.tpot_slo_s,
+        global_budget_devices=settings.global_budget_devices,
     )
 
 

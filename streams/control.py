@@ -12,8 +12,8 @@
   (each device's draw and power limit): its
   :class:`~controllers.power.PowerController` caps or lifts devices.
 
-Every step that changes something (or refuses to, for a reason an SRE would
-ask about) is a :class:`~schemas.verdicts.Decision` with its reason and, for
+Every step that changes something (or starts refusing to, for a reason an SRE
+would ask about: SLO breach, stale or invalid input, the global budget) is a :class:`~schemas.verdicts.Decision` with its reason and, for
 the budget, the P, I and D terms; with a signing key it is also a signed
 ``ThrottleCommand`` (budget and batch size to the pool's router, caps and
 clock mode to the device's node). Power that caps and clocks cannot shed is an
@@ -25,15 +25,16 @@ advisory ``move_batch`` decision: there is no batch scheduler to command yet.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import faust
 
-from controllers.capacity import CapacityConfig, CapacityController, CapacityReason
+from controllers.capacity import CapacityConfig, CapacityController, CapacityReason, GlobalBudget
 from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever, PowerReason
 from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
 from schemas.codec import DecodeError, decode, encode
@@ -44,7 +45,12 @@ from schemas.topics import ACCELERATOR, DECISIONS, PDU, SERVING, THROTTLE_COMMAN
 from schemas.verdicts import Decision, DecisionOutcome
 from streams.controller_metrics import ControllerMetrics
 
-NOTEWORTHY = {CapacityReason.SLO_BREACH, CapacityReason.STALE_INPUT, CapacityReason.INVALID_INPUT}
+NOTEWORTHY = {
+    CapacityReason.SLO_BREACH,
+    CapacityReason.STALE_INPUT,
+    CapacityReason.INVALID_INPUT,
+    CapacityReason.GLOBAL_BUDGET,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class ControlWiring:
     command_ttl_s: float = 30.0
     period_s: float = 10.0
     tpot_slo_s: float = 0.08
+    global_budget_devices: float = math.inf  # optional work the whole fleet may run at once
     min_cap_ratio: float = 0.4  # lowest cap asked for, as a share of the device's default
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
@@ -68,6 +75,7 @@ class _Pool:
     period: int = -1
     tpot_p95_s: float | None = None
     replicas: dict[str, tuple[int, int]] = field(default_factory=dict)  # batch, queue
+    said: CapacityReason | None = None  # the last reason a decision recorded
 
 
 @dataclass(slots=True)
@@ -102,6 +110,7 @@ class ControlPlanner:
         self.pools: dict[str, _Pool] = {}
         self.racks: dict[str, _Rack] = {}
         self.devices: dict[str, _Device] = {}
+        self.global_budget = GlobalBudget(w.global_budget_devices)
 
     def _period(self, at: datetime) -> int:
         return int(at.timestamp() // self.w.period_s)
@@ -165,8 +174,16 @@ class ControlPlanner:
             latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
             load_ratio=load,
         )
+        granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
+        if pool.capacity.limit(granted):
+            d = replace(
+                d, applied=granted, reason=CapacityReason.GLOBAL_BUDGET,
+                message=f"{d.message}; the fleet's optional-work limit leaves {granted:.3f}",
+            )  # fmt: skip
         out = []
-        if d.applied != before or d.reason in NOTEWORTHY:
+        # a change is always recorded; a noteworthy hold once, when it starts
+        if d.applied != before or (d.reason in NOTEWORTHY and d.reason is not pool.said):
+            pool.said = d.reason
             out.append(self._output(
                 end, name, "capacity", ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
                 d.message, Target(pool=name), changed=d.applied != before,

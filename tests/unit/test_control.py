@@ -135,9 +135,15 @@ def test_levers_and_global_budget() -> None:
     assert big.funnel_extra == 2.0 and big.upgrade_ratio == pytest.approx(0.8)
     assert split_levers(0.0, 0.5, cfg).used_ratio == 0.0
     g = GlobalBudget(limit_units=10.0)
-    shares = g.allocate({"a": (0.5, 20.0), "b": (0.5, 20.0)})
-    assert sum(r * 20.0 for r in shares.values()) == pytest.approx(10.0)
-    assert g.allocate({"a": (0.1, 20.0)}) == {"a": 0.1}
+    assert g.grant("a", 0.4, 20.0) == pytest.approx(0.4)  # 8 of the 10 units
+    assert g.grant("b", 0.5, 20.0) == pytest.approx(0.1)  # what a leaves
+    assert g.grant("a", 0.1, 20.0) == pytest.approx(0.1)  # a gives back...
+    assert g.grant("b", 0.5, 20.0) == pytest.approx(0.4)  # ...and b may take it
+    c = CapacityController(CapacityConfig())
+    for k in range(40):
+        c.step(now=(k + 1) * PERIOD, latency_ratio=0.5)
+    assert c.budget > 0.1 and c.limit(0.1) and c.budget == 0.1 and not c.limit(0.2)
+    assert c.state.integral <= 0.1
 
 
 def _rack(draw: float, caps: float = 700.0) -> list[DevicePower]:

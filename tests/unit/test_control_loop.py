@@ -36,10 +36,16 @@ def _feed(planner: ControlPlanner, records: list[tuple[object, object]]) -> list
     return out
 
 
-def _run(*, controlled: bool, seconds: int = 600) -> tuple[Simulation, list[Output]]:
+def _run(
+    *, controlled: bool, seconds: int = 600, global_budget: float = float("inf")
+) -> tuple[Simulation, list[Output]]:
     sim = Simulation(load_scenario(SCENARIOS / "pdu-overload.yaml"), start=START)
     host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
-    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08))
+    planner = ControlPlanner(
+        ControlWiring(
+            signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget
+        )
+    )
     outputs: list[Output] = []
     for n in range(int(seconds / sim.interval_s)):
         made = _feed(planner, sim.tick(n))  # type: ignore[arg-type]
@@ -115,3 +121,20 @@ def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
     peers = [d for d in sim.fleet.devices.values()
              if d.pool == drained.pool and d is not drained and d.model is not None]  # fmt: skip
     assert drained.optional_rps == 0.0 and any(d.optional_rps > 0 for d in peers)
+
+
+def test_the_fleets_optional_work_limit_caps_the_pools_together() -> None:
+    _, free = _run(controlled=True, seconds=300)
+    sim, capped = _run(controlled=True, seconds=300, global_budget=1.0)
+    assert any(o.decision.reason == "global_budget" for o in capped)
+    last: dict[str, float] = {}
+    for o in capped:
+        if o.decision.controller == "capacity" and o.decision.applied is not None:
+            last[o.decision.target] = o.decision.applied
+    replicas = {p: sum(1 for d in sim.fleet.devices.values() if d.pool == p and d.model)
+                for p in last}  # fmt: skip
+    held = sum(last[p] * replicas[p] for p in last)
+    assert held <= 1.0 + 1e-6
+    assert max(o.decision.applied or 0 for o in free if o.decision.controller == "capacity") > max(
+        o.decision.applied or 0 for o in capped if o.decision.controller == "capacity"
+    )
