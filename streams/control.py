@@ -13,8 +13,9 @@
   :class:`~controllers.power.PowerController` caps or lifts devices.
 
 Every step that changes something (or starts refusing to, for a reason an SRE
-would ask about: SLO breach, stale or invalid input, the global budget) is a :class:`~schemas.verdicts.Decision` with its reason and, for
-the budget, the P, I and D terms; with a signing key it is also a signed
+would ask about: SLO breach, stale or invalid input, the global budget) is a
+:class:`~schemas.verdicts.Decision` with its reason and, for the budget, the
+P, I and D terms; with a signing key it is also a signed
 ``ThrottleCommand`` (budget and batch size to the pool's router, caps and
 clock mode to the device's node). Power that caps and clocks cannot shed is an
 advisory ``move_batch`` decision: there is no batch scheduler to command yet.
