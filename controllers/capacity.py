@@ -13,7 +13,8 @@ above 1 a queue builds):
    the integral unwound: baseline work never waits for optional work (load
    alone only steers the PID: the router sheds in the meantime);
 3. **stale**: no fresh measurement for ``stale_after_s`` gives the budget back
-   (``stale_budget_ratio``); a not-finite one holds it;
+   (``stale_budget_ratio``) but keeps what the PID learned; a not-finite one
+   holds it;
 4. otherwise a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
    proposes the budget, then a tolerance and a stabilisation window on
    increases (cuts pass at once), a rate limit and the clamps
@@ -187,7 +188,8 @@ class CapacityController:
             return CapacityDecision(self.budget, self.budget, CapacityReason.HOLD,
                                     "no latency this period: held")  # fmt: skip
         self.budget = min(self.budget, c.stale_budget_ratio)
-        self.state = PidState(integral=self.budget - self.pid.bias)
+        # the integral is kept: silence says nothing about the pool, so when readings
+        # return the PID starts from what it had learned (the stages still pace the way back)
         self.recent.clear()
         return CapacityDecision(
             self.budget, self.budget, CapacityReason.STALE_INPUT,

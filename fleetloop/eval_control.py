@@ -79,7 +79,7 @@ def _devices(plant: PoolPlant, rack: int) -> list[DevicePower]:
 class Ours:
     def __init__(self, racks: int, max_batch: int) -> None:
         self.capacity = CapacityController(CapacityConfig())
-        self.guard = TpotGuard(TpotGuardConfig(max_batch=max_batch, high_ratio=0.97))
+        self.guard = TpotGuard(TpotGuardConfig(max_batch=max_batch, high_ratio=1.0))
         self.powers = [PowerController(PowerConfig()) for _ in range(racks)]
         self.budget = 0.0
         self.moved = 0.0
@@ -259,12 +259,12 @@ def _end_period(
     return acted
 
 
-def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float]:
+def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None]:
     """After each step of 20% or more: periods to the first budget change, to settling
     within 5% of the budget it ends at (and staying), and the overshoot past that budget.
     Steps up in load (where optional work must give way) and down are kept apart; the
     worst of each kind is reported."""
-    worst: dict[str, float] = {}
+    worst: dict[str, float | None] = {}
     segments = scn.baseline
     for k, seg in enumerate(segments):
         before = segments[k - 1] if k else None
@@ -280,7 +280,7 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float]:
         tail = run[-max(1, len(run) // 4) :]
         final = sum(tail) / len(tail)
         band = max(0.05 * final, 0.005)
-        reaction = next((i + 1 for i, b in enumerate(run) if b != prior[-1]), len(run))
+        reaction = next((i + 1 for i, b in enumerate(run) if b != prior[-1]), None)
         settle = len(run)
         for i in range(len(run) - 1, -1, -1):
             if abs(run[i] - final) > band:
@@ -290,9 +290,14 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float]:
         past = max((final - b) if load_up else (b - final) for b in run)
         overshoot = max(0.0, past) / final if final > 0 else 0.0
         suffix = "_after_step" if load_up else "_after_step_down"
-        for key, value in (("reaction_periods", reaction), ("settling_periods", settle),
-                           ("overshoot_ratio", overshoot)):  # fmt: skip
-            worst[key + suffix] = max(worst.get(key + suffix, 0.0), value)
+        values: dict[str, float | None] = {
+            "reaction_periods": reaction,
+            "settling_periods": settle,
+            "overshoot_ratio": overshoot,
+        }  # a step never reacted to is None: worse than any number of periods
+        for key, value in values.items():
+            old = worst.get(key + suffix, 0.0)
+            worst[key + suffix] = None if value is None or old is None else max(old, value)
     return worst
 
 
@@ -311,7 +316,7 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
             round(t.oscillation_actions * 300 / t.oscillation_s, 3) if t.oscillation_s else 0.0
         )
         for key, value in _step_response(scn, t).items():
-            out[f"{key}{suffix}"] = round(value, 3)
+            out[f"{key}{suffix}"] = None if value is None else round(value, 3)
     return out
 
 
@@ -332,6 +337,9 @@ def format_control(r: dict[str, Any]) -> str:
     lines = [f"control on {r['scenario']} ({r['duration_s']:g} s, period {r['period_s']:g} s)", ""]
     lines.append(f"{'':<38}{'ours':>12}{'static':>12}{'HPA-style':>12}")
     for label, key, fmt in rows:
-        cells = [fmt.format(r[key + s]) if key + s in r else "-" for s in ("", "_static", "_hpa")]
+        cells = [
+            "-" if key + s not in r else "never" if r[key + s] is None else fmt.format(r[key + s])
+            for s in ("", "_static", "_hpa")
+        ]
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
     return "\n".join(lines)
