@@ -11,8 +11,11 @@ Charts:
 - demand per model against what was served (forecasts join this chart when the
   demand forecaster writes them);
 - latency per pool (p95 TPOT, request-weighted per minute) with the commands
-  sent to the fleet as markers (controller outputs join when controllers write
-  decisions).
+  sent to the fleet as markers;
+- controller output against latency: each busiest pool's optional-work budget
+  (the capacity controller's output) beside its TPOT p95 over the SLO, per
+  minute (the ``capacity_control`` question), with batch and power actions as
+  markers.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ WARM_SQL = """
 SELECT decided_at, concat(action, ' ', target, ' x', toString(abs(toInt64(applied))))
 FROM {db}.decisions WHERE controller = 'warming' AND outcome != 'refused'
 ORDER BY decided_at LIMIT 40
+"""
+CONTROL_ACTIONS_SQL = """
+SELECT decided_at, concat(controller, ': ', action, ' ', target)
+FROM {db}.decisions WHERE controller IN ('tpot_guard', 'power')
+ORDER BY decided_at LIMIT 1 BY controller, target LIMIT 20
 """
 ACTIONS_SQL = """
 SELECT issued_at, concat(action, ' ', coalesce(target_device_uuid, target_node_id, target_pool, ''))
@@ -194,7 +202,36 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
             "latency per pool (p95 TPOT, s) and commands", latency, markers=marks, y_label="seconds"
         )
     )
+    out.append(_control_chart(query, database=db))
     return out
+
+
+def _control_chart(query: Query, *, database: str) -> str:
+    """The capacity controller's output against the latency it steers by, busiest pools."""
+    result = query(load_questions()["capacity_control"].render(database=database, values={}))
+    rows = [dict(zip(result.columns, r, strict=True)) for r in result.rows]
+    served: dict[str, float] = {}
+    for r in rows:
+        served[str(r["pool"])] = served.get(str(r["pool"]), 0.0) + float(r["requests"] or 0)
+    busiest = sorted(served, key=lambda p: -served[p])[:3]
+    series: dict[str, list[Point]] = {}
+    for r in rows:
+        pool = str(r["pool"])
+        if pool in busiest:
+            at = as_utc(r["minute"])
+            series.setdefault(f"{pool} budget", []).append((at, _num(r["budget_ratio"])))
+            series.setdefault(f"{pool} TPOT p95 / SLO", []).append(
+                (at, _num(r["tpot_p95_over_slo"]))
+            )
+    marks = [
+        (as_utc(t), str(label)) for t, label in query(CONTROL_ACTIONS_SQL.format(db=database)).rows
+    ]
+    return line_chart(
+        "controller output against latency: optional-work budget and TPOT p95 over the SLO",
+        series,
+        markers=marks,
+        y_label="ratio",
+    )
 
 
 def html_table(result: QueryResult, limit: int = 200) -> str:

@@ -6,9 +6,9 @@ at t=60 s; rack-0001's feed degrading at t=30 s until its breaker trips; demand
 for gemma-27b in us-east, loaded nowhere, from t=5 s. Its executors get a warm
 command for gemma-27b at t=20 s, a quarantine for the faulty device at t=60 s
 (sent twice), and a forged drain. Three malformed messages become dead letters.
-The health detector and the isolation ladder, and the demand planner
-(advisory: no signing key), see every event as the worker's processors do, so
-verdicts, forecasts and decisions are real.
+The health detector and the isolation ladder, the demand planner and the control
+planner (advisory: no signing key), see every event as the worker's processors
+do, so verdicts, forecasts and decisions are real.
 Everything goes through the real ingest split and ClickHouse sink.
 """
 
@@ -30,7 +30,7 @@ from models.health import HealthDetector
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import Command, RouteAction, RouteCommand, Target, WarmAction, WarmCommand
-from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, ServingMetrics
+from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
 from schemas.topics import (
     ACCELERATOR,
     COMMAND_RESULTS,
@@ -44,6 +44,7 @@ from schemas.topics import (
 )
 from schemas.verdicts import Verdict
 from streams.clickhouse_store import ClickHouseStore
+from streams.control import ControlPlanner, ControlWiring
 from streams.demand import DemandPlanner, DemandWiring, decide_warm
 from streams.health import HealthWiring, decide
 from streams.ingest import RawMessage, split
@@ -116,6 +117,7 @@ def seed(store: ClickHouseStore) -> Seeded:
     ladder = IsolationLadder(LadderConfig(), guard)
     advisory = HealthWiring()
     planner = DemandPlanner(DemandWiring(replica_rps=2.0))
+    control = ControlPlanner(ControlWiring(period_s=10.0, tpot_slo_s=0.08))
 
     def judge(verdicts: list[Verdict]) -> None:
         for v in verdicts:
@@ -161,8 +163,15 @@ def seed(store: ClickHouseStore) -> Seeded:
             add(spec, value)
             if isinstance(value, AcceleratorTelemetry | NodeHealth | ServingMetrics):
                 judge(detector.observe(value))
+            if isinstance(value, AcceleratorTelemetry):
+                control.accelerator(value)
+            elif isinstance(value, PduReading):
+                for o in control.pdu(value):
+                    add(DECISIONS, o.decision)
             if isinstance(value, ServingMetrics):
                 planner.serving(value)
+                for o in control.serving(value):
+                    add(DECISIONS, o.decision)
             elif isinstance(value, Demand):
                 forecasts, warms = planner.demand(value)
                 for f in forecasts:

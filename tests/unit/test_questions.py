@@ -123,7 +123,25 @@ def test_decisions_by_reason(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     assert all(r["reason"] in REASONS for r in isolation)
     warming = {r["reason"] for r in rows if r["controller"] == "warming"}
     assert warming and warming <= {r.value for r in WarmReason}  # gemma-27b, wanted, unloaded
-    assert {r["controller"] for r in rows} == {"isolation", "warming"}
+    controllers = {r["controller"] for r in rows}
+    assert {"isolation", "warming", "capacity", "power"} <= controllers
+    assert controllers <= {"isolation", "warming", "capacity", "power", "tpot_guard"}
+    # the tripped rack's feed: the power controller wanted caps (advisory: no keys)
+    power = [r for r in rows if r["controller"] == "power"]
+    assert any(r["reason"] in ("over_target", "move_batch") for r in power)
+
+
+def test_capacity_control_against_latency(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = ask(seeded[0], "capacity_control")
+    pools = {r["pool"] for r in rows}
+    assert "us-east-h100" in pools and len(pools) >= 3
+    assert all(r["tpot_p95_over_slo"] >= 0 for r in rows)
+    budgeted = [r for r in rows if r["budget_ratio"] > 0]
+    assert budgeted, "pools with headroom got an optional-work budget"
+    assert all(r["reason"] for r in budgeted) and all(r["p_term"] != 0 for r in budgeted)
+    assert any(r["i_term"] != 0 for r in rows)  # later minutes carry the integral
+    # a pool the controller never budgeted shows none, with no reason
+    assert all(r["budget_ratio"] == 0 for r in rows if r["reason"] == "")
 
 
 def test_forecast_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
@@ -257,7 +275,8 @@ def test_report_answers_everything_and_draws_the_isolation(
     assert [a.error for a in answers if a.error] == []
     assert {a.question.name for a in answers} == set(QUESTIONS)
     svgs = charts(query, database=db.database, device=device)
-    assert len(svgs) == 4 and all("<polyline" in s for s in svgs)
+    assert len(svgs) == 5 and all("<polyline" in s for s in svgs)
+    assert " budget" in svgs[4] and "TPOT p95 / SLO" in svgs[4] and "power: power_cap" in svgs[4]
     assert " forecast" in svgs[2] and " actual" in svgs[2] and "warm gemma-27b@us-east" in svgs[2]
     assert "quarantine (double_bit_ecc)" in svgs[0]
     html = render_html(answers, svgs, title="t")
@@ -347,6 +366,10 @@ def test_every_dashboard_panel_runs_on_the_real_schema(
     assert verdicts[FAULTY] == "failed"
     reasons = {row[2] for row in answered["Controller decisions by reason"].rows}
     assert "hard_fault" in reasons
+    budgeted = {row[1] for row in answered["Optional-work budget by pool"].rows}
+    assert "us-east-h100" in budgeted
+    power = {row[1] for row in answered["Power and batch actions by rack and pool"].rows}
+    assert TRIPPED_RACK in power
     page = render_page(query, database=db.database)
     assert page.count("<polyline") >= 10 and "no data yet" not in page
     assert all(escape(p.title) in page for p in panels)
