@@ -6,8 +6,8 @@ the embedded data.
 
 Charts:
 - the most recently isolated device (or the one asked for): utilisation, power
-  and temperature per minute, with every command that targeted it and its
-  result on the same time axis;
+  and temperature per minute, with its health verdicts and every command that
+  targeted it on the same time axis;
 - demand per model against what was served (forecasts join this chart when the
   demand forecaster writes them);
 - latency per pool (p95 TPOT, request-weighted per minute) with the commands
@@ -45,8 +45,15 @@ SELECT minute, sum(util_sum) / greatest(sum(util_n), 1),
 FROM {db}.device_1m WHERE device_uuid = {device} GROUP BY minute ORDER BY minute
 """
 DEVICE_ACTIONS_SQL = """
-SELECT c.issued_at, concat(c.action, ' (', c.reason, ')') FROM {db}.commands AS c
-WHERE c.target_device_uuid = {device} ORDER BY c.issued_at LIMIT 1 BY c.command_id
+SELECT at, label FROM (
+    SELECT c.issued_at AS at, concat(c.action, ' (', c.reason, ')') AS label
+    FROM {db}.commands AS c WHERE c.target_device_uuid = {device}
+    ORDER BY c.issued_at LIMIT 1 BY c.command_id
+    UNION ALL
+    SELECT v.observed_at AS at, concat('verdict ', v.status) AS label
+    FROM {db}.verdicts AS v WHERE v.device_uuid = {device}
+    ORDER BY v.observed_at LIMIT 1 BY v.verdict_id
+) ORDER BY at
 """
 DEMAND_SQL = """
 SELECT d.minute, d.model, d.requests, s.served
@@ -157,7 +164,8 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         peak_c = max((_num(r[3]) or 0.0 for r in rows), default=1.0) or 1.0
         out.append(
             line_chart(
-                f"{device}: telemetry and actions (power and temperature scaled to their peak)",
+                f"{device}: telemetry, verdicts and actions (power and temperature scaled to "
+                "their peak)",
                 {
                     "utilisation": [(as_utc(r[0]), _num(r[1])) for r in rows],
                     f"power / {peak_w:.0f} W": [

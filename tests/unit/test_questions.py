@@ -278,7 +278,7 @@ def test_report_answers_everything_and_draws_the_isolation(
     assert len(svgs) == 5 and all("<polyline" in s for s in svgs)
     assert " budget" in svgs[4] and "TPOT p95 / SLO" in svgs[4] and "power: power_cap" in svgs[4]
     assert " forecast" in svgs[2] and " actual" in svgs[2] and "warm gemma-27b@us-east" in svgs[2]
-    assert "quarantine (double_bit_ecc)" in svgs[0]
+    assert "quarantine (double_bit_ecc)" in svgs[0] and "verdict failed" in svgs[0]
     html = render_html(answers, svgs, title="t")
     for name in QUESTIONS:
         assert f"<h2 id='{name}'>" in html
