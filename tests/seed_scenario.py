@@ -42,7 +42,7 @@ from schemas.topics import (
     WARM_COMMANDS,
     TopicSpec,
 )
-from schemas.verdicts import Verdict
+from schemas.verdicts import Decision, Verdict
 from streams.clickhouse_store import ClickHouseStore
 from streams.control import ControlPlanner, ControlWiring
 from streams.demand import DemandPlanner, DemandWiring, decide_warm
@@ -119,11 +119,16 @@ def seed(store: ClickHouseStore) -> Seeded:
     planner = DemandPlanner(DemandWiring(replica_rps=2.0))
     control = ControlPlanner(ControlWiring(period_s=10.0, tpot_slo_s=0.08))
 
+    quarantine_decision: list[Decision] = []
+
     def judge(verdicts: list[Verdict]) -> None:
         for v in verdicts:
             add(VERDICTS, v)
             for step in ladder.verdict(v, now=sim.now):
-                add(DECISIONS, decide(step, sim.now, advisory)[0])
+                decision = decide(step, sim.now, advisory)[0]
+                add(DECISIONS, decision)
+                if decision.target == FAULTY and decision.action == "quarantine":
+                    quarantine_decision.append(decision)
 
     dbe_sample: AcceleratorTelemetry | None = None
     for n in range(STEPS):
@@ -140,9 +145,11 @@ def seed(store: ClickHouseStore) -> Seeded:
             command(WARM_COMMANDS, out.warm)
         if n == 60:
             assert dbe_sample is not None, "the storm ends in a double-bit fault at t=50 s"
+            # the operator carries out the isolation controller's advisory decision
             out.quarantine = signed_command(
                 RouteCommand,
                 issued_at=sim.now,
+                decision_id=quarantine_decision[0].decision_id,
                 cause_event_id=dbe_sample.event_id,
                 cause_observed_at=dbe_sample.observed_at,
                 target=Target(device_uuid=FAULTY),

@@ -169,6 +169,13 @@ def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) ->
     assert (
         quarantine["event_to_issue_p50_s"] == 10.0 and quarantine["event_to_result_p50_s"] == 10.0
     )
+    # it carries the isolation controller's decision, made when the fault showed
+    assert quarantine["with_decision"] == 1
+    assert 0 <= quarantine["event_to_decision_p50_s"] <= 2.0
+    assert quarantine["decision_to_result_p50_s"] == pytest.approx(
+        10.0 - quarantine["event_to_decision_p50_s"], abs=0.01
+    )
+    assert latency[("WarmCommand", "warmer", "applied")]["with_decision"] == 0
     outcomes = {
         (r["action"], r["reason"], r["status"]): r["commands"]
         for r in ask(db, "commands_by_outcome")
