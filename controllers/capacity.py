@@ -12,9 +12,10 @@ above 1 a queue builds):
 2. **breach**: a latency trend above 1 sets the budget to zero at once, with
    the integral unwound: baseline work never waits for optional work (load
    alone only steers the PID: the router sheds in the meantime);
-3. **stale**: no fresh measurement for ``stale_after_s`` gives the budget back
-   (``stale_budget_ratio``) but keeps what the PID learned; a not-finite one
-   holds it;
+3. **stale**: after ``stale_after_s`` without a fresh measurement the budget
+   goes back to ``stale_budget_ratio``, linearly over ``stale_decay_s`` (a blip
+   costs little, an outage gives it all back), keeping what the PID learned; a
+   not-finite measurement holds it;
 4. otherwise a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
    proposes the budget, then a tolerance and a stabilisation window on
    increases (cuts pass at once), a rate limit and the clamps
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from statistics import median
 
@@ -60,9 +61,9 @@ class CapacityReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class CapacityConfig:
     setpoint_ratio: float = 0.9  # of the SLO
-    load_setpoint_ratio: float = 0.97  # of the batch slots
-    kp: float = 0.1
-    ki: float = 0.005  # per second
+    load_setpoint_ratio: float = 0.99  # of the batch slots
+    kp: float = 0.05
+    ki: float = 0.001  # per second
     kd: float = 0.0
     deadband_ratio: float = 0.02
     trend_window: int = 3
@@ -70,9 +71,10 @@ class CapacityConfig:
     tolerance_ratio: float = 0.1
     tolerance_floor: float = 0.01
     stabilise_up_s: float = 120.0
-    up_per_s: float = 0.002  # budget may grow by 0.2% of capacity per second at most
+    up_per_s: float = 0.005  # budget may grow by 0.2% of capacity per second at most
     down_per_s: float = math.inf
     stale_after_s: float = 30.0
+    stale_decay_s: float = 120.0
     stale_budget_ratio: float = 0.0
 
     def __post_init__(self) -> None:
@@ -115,11 +117,18 @@ class CapacityController:
             ]
         )
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
+        self.baselines: deque[tuple[float, float]] = deque()
         self.budget = 0.0
         self.fresh_at: float | None = None
+        self.stale_from: tuple[float, float] | None = None  # (when, budget then)
 
     def step(
-        self, *, now: float, latency_ratio: float | None, load_ratio: float = 0.0
+        self,
+        *,
+        now: float,
+        latency_ratio: float | None,
+        load_ratio: float = 0.0,
+        baseline_ratio: float | None = None,
     ) -> CapacityDecision:
         """One period; ``latency_ratio`` is None when no latency arrived this period."""
         c = self.config
@@ -132,7 +141,7 @@ class CapacityController:
             return CapacityDecision(self.budget, self.budget, CapacityReason.INVALID_INPUT,
                                     f"latency ratio {latency_ratio!r} or load ratio "
                                     f"{load_ratio!r} is not a measurement: held")  # fmt: skip
-        self.fresh_at = now
+        self.fresh_at, self.stale_from = now, None
         self.recent.append((latency_ratio, load_ratio))
         latency = median(r for r, _ in self.recent)
         # both on the latency's scale: the load's distance past its own setpoint
@@ -145,8 +154,19 @@ class CapacityController:
                 0.0, 0.0, CapacityReason.SLO_BREACH,
                 f"latency at {trend:.2f} of the SLO: optional work stopped", trend_ratio=trend,
             )  # fmt: skip
+        pid = self.pid
+        if baseline_ratio is not None and math.isfinite(baseline_ratio):
+            # feedforward: what the load setpoint leaves once baseline work is in; the PID
+            # trims what this misses (the latency side, estimation error)
+            # sized for the busiest baseline of the stabilisation window: a dip that may
+            # come back is not room (a rise shows at once)
+            self.baselines.append((now, baseline_ratio))
+            while self.baselines and self.baselines[0][0] < now - c.stabilise_up_s:
+                self.baselines.popleft()
+            room = c.load_setpoint_ratio - max(b for _, b in self.baselines)
+            pid = replace(pid, bias=min(max(room, 0.0), c.budget_max_ratio))
         self.state, s = pid_step(
-            self.pid, self.state, setpoint=c.setpoint_ratio, measurement=trend, now=now
+            pid, self.state, setpoint=c.setpoint_ratio, measurement=trend, now=now
         )
         applied, why = self.stages.step(desired=s.output, current=self.budget, now=now)
         changed = applied != self.budget
@@ -187,13 +207,21 @@ class CapacityController:
         if self.fresh_at is not None and now - self.fresh_at < c.stale_after_s:
             return CapacityDecision(self.budget, self.budget, CapacityReason.HOLD,
                                     "no latency this period: held")  # fmt: skip
-        self.budget = min(self.budget, c.stale_budget_ratio)
-        # the integral is kept: silence says nothing about the pool, so when readings
-        # return the PID starts from what it had learned (the stages still pace the way back)
+        # blind for stale_after_s: the budget goes back, linearly over stale_decay_s, to
+        # stale_budget_ratio (a blip costs little, a long outage gives it all back); the
+        # integral is kept: silence says nothing about the pool, so when readings return
+        # the PID starts from what it had learned (the stages still pace the way back)
+        if self.stale_from is None:
+            self.stale_from = (now, self.budget)
+        since, was = self.stale_from
+        left = max(0.0, 1.0 - (now - since) / c.stale_decay_s) if c.stale_decay_s > 0 else 0.0
+        floor = min(was, c.stale_budget_ratio)
+        self.budget = floor + (was - floor) * left
         self.recent.clear()
+        self.baselines.clear()
         return CapacityDecision(
             self.budget, self.budget, CapacityReason.STALE_INPUT,
-            f"no latency for {c.stale_after_s:g} s: budget {self.budget:g}",
+            f"no latency for {now - (self.fresh_at or since):g} s: budget {self.budget:.3f}",
         )  # fmt: skip
 
 

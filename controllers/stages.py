@@ -7,8 +7,9 @@ limit -> clamp, say) and reports the last stage that had a say.
 
 - :class:`Tolerance`: ignore a change smaller than ``ratio`` of the current
   value (at least ``floor``): measurement noise does not move the output
-  (HPA's tolerance); with ``up_only``, only increases wait for a big enough
-  change (a cut that protects the baseline is never held back).
+  (HPA's tolerance); with ``up_only``, increases wait for ``ratio`` and cuts
+  only for ``floor`` (a cut that protects the baseline is never held back
+  for long: it grows past the floor, or the breach rule takes it).
 - :class:`Stabiliser`: a move in the ``cautious`` direction must have been
   recommended for the whole window: increases apply the lowest recommendation
   of the last ``window_s`` (HPA's scale-down stabilisation, turned to where
@@ -55,6 +56,9 @@ class Tolerance:
         self, value: float, *, current: float, now: float
     ) -> tuple[float, StageReason | None]:
         if self.up_only and value < current:
+            # a cut passes unless it is below the floor (noise, too small to act on)
+            if current - value <= self.floor and value > 0:
+                return current, StageReason.WITHIN_TOLERANCE
             return value, None
         if value != current and abs(value - current) <= max(self.ratio * abs(current), self.floor):
             return current, StageReason.WITHIN_TOLERANCE
@@ -94,12 +98,11 @@ class RateLimit:
     def __call__(
         self, value: float, *, current: float, now: float
     ) -> tuple[float, StageReason | None]:
+        # the first step has no elapsed time to allow a change for: only unlimited moves pass
         dt = 0.0 if self.last_at is None else max(0.0, now - self.last_at)
         self.last_at = now
-        if dt == 0.0:
-            return value, None  # the first step has no elapsed time to limit against
-        hi = current + self.up_per_s * dt
-        lo = current - self.down_per_s * dt
+        hi = current + self.up_per_s * dt if math.isfinite(self.up_per_s) else math.inf
+        lo = current - self.down_per_s * dt if math.isfinite(self.down_per_s) else -math.inf
         limited = min(max(value, lo), hi)
         return limited, (StageReason.RATE_LIMITED if limited != value else None)
 

@@ -46,6 +46,7 @@ class Reading:
 
     tpot_ratio: float | None
     load_ratio: float | None
+    baseline_ratio: float | None = None
 
 
 class Policy(Protocol):
@@ -86,7 +87,10 @@ class Ours:
 
     def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
         d = self.capacity.step(
-            now=now, latency_ratio=reading.tpot_ratio, load_ratio=reading.load_ratio or 0.0
+            now=now,
+            latency_ratio=reading.tpot_ratio,
+            load_ratio=reading.load_ratio or 0.0,
+            baseline_ratio=reading.baseline_ratio,
         )
         actions = int(d.applied != self.budget)
         self.budget = d.applied
@@ -197,6 +201,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         else Static(scn.static_budget) if name == "static"
         else Hpa(p.racks)
     )  # fmt: skip
+    plant.settle(scn.baseline_at(0) + scn.batch_level)
     tally = Tally()
     over_since: list[float | None] = [None] * p.racks
     seconds: list[Second] = []
@@ -207,7 +212,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         plant.slowdown = max((e.ratio for e in slow), default=1.0)
         baseline = plant.noisy(scn.baseline_at(t), scn.noise_ratio)
         batch = max(0.0, scn.batch_level - (policy.moved if isinstance(policy, Ours) else 0.0))
-        sec = plant.step(baseline=baseline, batch=batch, optional=policy.budget)
+        sec = plant.step(baseline=baseline, batch=batch, optional_share=policy.budget)
         limits = scn.limits_at(t)
         tally.oracle += plant.oracle_optional(baseline=baseline, batch=scn.batch_level,
                                               limits_watts=limits)  # fmt: skip
@@ -247,13 +252,14 @@ def _end_period(
     tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s
     tpot *= 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
     load = sum(s.load_ratio for s in seconds) / len(seconds)
-    reading = Reading(tpot, load)
+    base = sum(s.baseline_ratio for s in seconds) / len(seconds)
+    reading = Reading(tpot, load, base)
     if scn.events_at(now, "stale"):
         reading = Reading(None, None)
     elif scn.events_at(now, "nan"):
         reading = Reading(math.nan, math.nan)
     elif spikes := scn.events_at(now, "spike"):
-        reading = Reading(tpot * spikes[0].factor, load)
+        reading = Reading(tpot * spikes[0].factor, load, base)
     acted = policy.period(now, reading, plant)
     tally.budgets.append((now, policy.budget))
     return acted

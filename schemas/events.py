@@ -155,6 +155,9 @@ class ServingMetrics(Event):
     tokens_per_s: NonNegFloat
     requests: Count
     errors: Count
+    optional_requests: Count | None = Field(
+        default=None, description="of requests, optional (opportunistic) work; None: not known"
+    )
 
 
 class Demand(Event):

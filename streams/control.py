@@ -75,7 +75,8 @@ class _Pool:
     guard: TpotGuard
     period: int = -1
     tpot_p95_s: float | None = None
-    replicas: dict[str, tuple[int, int]] = field(default_factory=dict)  # batch, queue
+    # per replica: batch, queue, and the share of its requests that was baseline work
+    replicas: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     said: CapacityReason | None = None  # the last reason a decision recorded
 
 
@@ -134,7 +135,10 @@ class ControlPlanner:
             pool.period = period
             if m.tpot_p95_s is not None:
                 pool.tpot_p95_s = max(pool.tpot_p95_s or 0.0, m.tpot_p95_s)
-            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth)
+            baseline = 1.0
+            if m.optional_requests is not None and m.requests > 0:
+                baseline = 1.0 - m.optional_requests / m.requests
+            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline)
         return out
 
     def accelerator(self, t: AcceleratorTelemetry) -> None:
@@ -168,12 +172,15 @@ class ControlPlanner:
         tpot, replicas = pool.tpot_p95_s, pool.replicas
         pool.tpot_p95_s, pool.replicas = None, {}
         slots = max(1, len(replicas)) * pool.guard.target
-        load = sum(b + q for b, q in replicas.values()) / slots
+        load = sum(b + q for b, q, _ in replicas.values()) / slots
+        # the work that is not optional: what the budget must leave room for (feedforward)
+        base = sum((b + q) * share for b, q, share in replicas.values()) / slots
         before = pool.capacity.budget
         d = pool.capacity.step(
             now=end.timestamp(),
             latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
             load_ratio=load,
+            baseline_ratio=base if replicas else None,
         )
         granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
         if pool.capacity.limit(granted):
@@ -192,7 +199,7 @@ class ControlPlanner:
                        "i_term": d.i, "d_term": d.d},
                 params={"opportunistic_budget_ratio": round(d.applied, 4)},
             ))  # fmt: skip
-        in_use = max((b for b, _ in replicas.values()), default=None)
+        in_use = max((b for b, _, _ in replicas.values()), default=None)
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(

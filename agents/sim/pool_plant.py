@@ -15,8 +15,8 @@ of the SLO; the rest waits in a queue. A device draws ``idle + dyn * x_eff * c``
 under its cap by lowering its clock (the firmware's job).
 
 Three classes of work arrive each second: baseline (the scenario's profile
-with noise), batch (deferrable) and optional (what the capacity budget lets
-in). With ``priority`` the router serves baseline first, then batch, then
+with noise), batch (deferrable) and optional (the capacity budget, a share of
+what the router admits now). With ``priority`` the router serves baseline first, then batch, then
 optional, and its :class:`~controllers.shedding.LoadShedder` degrades or drops
 queued lower-value work by the queue's delay; without, all share one FIFO
 queue and nothing is shed.
@@ -66,7 +66,8 @@ class Second:
     batch_served: float
     rack_watts: list[float]
     queue_delay_s: float
-    load_ratio: float  # in service and waiting, over what the batch slots hold
+    load_ratio: float  # in service and waiting, over what the router admits
+    baseline_ratio: float  # the same, baseline and batch work only
     x_served: float
 
 
@@ -118,9 +119,10 @@ class PoolPlant:
             busy = min(busy, max(0.0, 1.0 - t0 / (s.admit_ratio * s.tpot_slo_s)))
         return busy * clock / self.slowdown
 
-    def step(self, *, baseline: float, batch: float, optional: float) -> Second:
+    def step(self, *, baseline: float, batch: float, optional_share: float) -> Second:
         s = self.shape
         cap = self.admission_cap(self._clock_for(self.x_last))
+        optional = optional_share * cap
         q = self.queues
         arrivals = {WorkClass.BASELINE: baseline, WorkClass.BATCH: batch,
                     WorkClass.OPPORTUNISTIC: optional}  # fmt: skip
@@ -141,6 +143,8 @@ class PoolPlant:
             q[cls] -= served[cls]
         delay = sum(q.values()) / cap if cap > 0 else math.inf
         load_ratio = (sum(served.values()) + sum(q.values())) / cap if cap > 0 else math.inf
+        mandatory = (WorkClass.BASELINE, WorkClass.BATCH, WorkClass.BACKGROUND)
+        baseline_ratio = sum(served[c] + q[c] for c in mandatory) / cap if cap > 0 else math.inf
         ahead = q[WorkClass.BASELINE] if self.priority else sum(q.values())
         baseline_wait = ahead / max(cap, 1e-9)
         optional_served = served[WorkClass.OPPORTUNISTIC]
@@ -161,7 +165,11 @@ class PoolPlant:
         for i, w in enumerate(self.device_watts):
             racks[self.rack_of(i)] += w
         return Second(tpot, baseline_wait, optional_served, optional, served[WorkClass.BATCH],
-                      racks, delay, load_ratio, x)  # fmt: skip
+                      racks, delay, load_ratio, baseline_ratio, x)  # fmt: skip
+
+    def settle(self, x: float) -> None:
+        """Start as a pool that has been carrying load ``x`` (not one switched on cold)."""
+        self._power_and_tpot(x)
 
     def _device_clock(self, i: int, x: float) -> float:
         """The clock device ``i``'s cap and mode allow at load ``x`` (the firmware's choice)."""

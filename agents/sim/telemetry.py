@@ -174,6 +174,7 @@ class TelemetryBuilder:
             tokens_per_s=round(dev.served_rps * m.generated_tokens, 1),
             requests=requests,
             errors=errors,
+            optional_requests=min(requests, self._count(dev.optional_rps * dt)),
         )
 
     def _pdu(self, rack: Rack, at: datetime) -> PduReading:

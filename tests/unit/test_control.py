@@ -89,9 +89,9 @@ SCENARIOS = [
         lambda b: b[60] >= b[59] and b[60] > 0,
     ),
     (
-        "stale readings give the budget back",
-        [0.6] * 60 + [None] * 4,
-        lambda b: b[-1] == 0.0 and b[60] == b[59],
+        "stale readings give the budget back, gradually",
+        [0.6] * 60 + [None] * 20,
+        lambda b: b[60] == b[59] and 0 < b[64] < b[59] and b[-1] == 0.0,
     ),
 ]
 

@@ -9,20 +9,23 @@ import pytest
 
 from fleetloop.cli import main
 
-SCENARIO = Path(__file__).parents[2] / "scenarios" / "control" / "mix.yaml"
+SCENARIOS = Path(__file__).parents[2] / "scenarios" / "control"
 
 
+@pytest.mark.parametrize("name", ["mix", "shifts"])
 def test_eval_control_reports_every_policy_on_the_same_scenario(
-    capsys: pytest.CaptureFixture[str],
+    name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["eval", "control", "--scenario", str(SCENARIO), "--json"]) == 0
+    scenario = SCENARIOS / f"{name}.yaml"
+    assert main(["eval", "control", "--scenario", str(scenario), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("slo_attainment", "harvest_vs_oracle", "breaker_violations",
                 "actions_per_300s_oscillation", "settling_periods_after_step"):  # fmt: skip
         for suffix in ("", "_static", "_hpa"):
             assert isinstance(out[key + suffix], int | float), key + suffix
     # what the controllers are for, against the two baselines on the same draws
-    assert out["breaker_violations"] == 0 < out["breaker_violations_static"]
+    assert out["breaker_violations"] == 0 <= out["breaker_violations_static"]
+    assert out["slo_attainment"] >= 0.999  # the target for baseline work
     assert out["slo_attainment"] > out["slo_attainment_static"]
     assert out["harvest_vs_oracle"] > max(out["harvest_vs_oracle_static"],
                                           out["harvest_vs_oracle_hpa"])  # fmt: skip
