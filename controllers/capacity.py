@@ -3,7 +3,8 @@
 Per pool, once per control period, from the ratio of the pool's latency to its
 SLO (TPOT or TTFT p95 over its SLO, or the worse of the two) and, optionally,
 its load ratio (work in service and waiting over what its batch slots hold:
-above 1 a queue builds):
+above 1 a queue builds) and its baseline ratio (the same for the work that is
+not optional):
 
 1. **trend**: each ratio's median over the last ``trend_window`` periods (a
    one-period sensor spike never moves it; a step does by the second period);
@@ -16,10 +17,14 @@ above 1 a queue builds):
    goes back to ``stale_budget_ratio``, linearly over ``stale_decay_s`` (a blip
    costs little, an outage gives it all back), keeping what the PID learned; a
    not-finite measurement holds it;
-4. otherwise a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
-   proposes the budget, then a tolerance and a stabilisation window on
-   increases (cuts pass at once), a rate limit and the clamps
-   (:mod:`controllers.stages`) decide what applies.
+4. otherwise the budget proposed is a feedforward plus a PID trim:
+   ``load_setpoint_ratio`` less the busiest baseline ratio of the last
+   ``stabilise_up_s`` (a dip that may come back is not room; a rise shows at
+   once), plus a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
+   for what that misses (without a baseline ratio, the PID alone). Then a
+   tolerance (increases under ``tolerance_ratio``, cuts under
+   ``tolerance_floor`` are noise), a stabilisation window on increases, a
+   rate limit and the clamps (:mod:`controllers.stages`) decide what applies.
 
 The budget is a share of the pool's capacity for optional work. :func:`split_levers`
 turns it into the two levers of opportunistic capacity: extra candidates per
@@ -71,7 +76,7 @@ class CapacityConfig:
     tolerance_ratio: float = 0.1
     tolerance_floor: float = 0.01
     stabilise_up_s: float = 120.0
-    up_per_s: float = 0.005  # budget may grow by 0.2% of capacity per second at most
+    up_per_s: float = 0.005  # budget may grow by 0.5% of capacity per second at most
     down_per_s: float = math.inf
     stale_after_s: float = 30.0
     stale_decay_s: float = 120.0
