@@ -76,6 +76,7 @@ class CapacityConfig:
     tolerance_ratio: float = 0.1
     tolerance_floor: float = 0.01
     stabilise_up_s: float = 120.0
+    step_down_ratio: float = 0.15  # baseline this far under the window's busiest: a step
     up_per_s: float = 0.005  # budget may grow by 0.5% of capacity per second at most
     down_per_s: float = math.inf
     stale_after_s: float = 30.0
@@ -113,10 +114,11 @@ class CapacityController:
             deadband=c.deadband_ratio, max_gap_s=c.stale_after_s,
         )  # fmt: skip
         self.state = PidState()
+        self.stabiliser = Stabiliser(c.stabilise_up_s, cautious="up")
         self.stages = Stages(
             [
                 Tolerance(c.tolerance_ratio, floor=c.tolerance_floor, up_only=True),
-                Stabiliser(c.stabilise_up_s, cautious="up"),
+                self.stabiliser,
                 RateLimit(c.up_per_s, c.down_per_s),
                 Clamp(0.0, c.budget_max_ratio),
             ]
@@ -165,6 +167,12 @@ class CapacityController:
             # trims what this misses (the latency side, estimation error)
             # sized for the busiest baseline of the stabilisation window: a dip that may
             # come back is not room (a rise shows at once)
+            peak = max((b for _, b in self.baselines), default=baseline_ratio)
+            if baseline_ratio < peak * (1.0 - c.step_down_ratio):
+                # too far under the window's busiest for a dip that comes back: the load
+                # stepped down, and the room is real now (the windows start again)
+                self.baselines.clear()
+                self.stabiliser.forget()
             self.baselines.append((now, baseline_ratio))
             while self.baselines and self.baselines[0][0] < now - c.stabilise_up_s:
                 self.baselines.popleft()

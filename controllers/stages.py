@@ -72,6 +72,10 @@ class Stabiliser:
         self.window_s, self.up = window_s, cautious == "up"
         self.recent: deque[tuple[float, float]] = deque()
 
+    def forget(self) -> None:
+        """Start the window again (the conditions it was holding out against are gone)."""
+        self.recent.clear()
+
     def __call__(
         self, value: float, *, current: float, now: float
     ) -> tuple[float, StageReason | None]:

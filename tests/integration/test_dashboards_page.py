@@ -78,6 +78,16 @@ def test_live_dashboards_render_in_headless_chromium(
         what="a minute of rollups",
         proc=sim,
     )
+    until(
+        lambda: (
+            worker.sql("SELECT count() FROM fleetloop.decisions WHERE controller = 'capacity'")[0][
+                0
+            ]
+            >= 1
+        ),
+        what="the capacity controller's first budget",
+        proc=sim,
+    )
 
     dom = _render(worker.url + "/dashboards")
     panels = [p for d in load_dashboards() for p in d.panels]

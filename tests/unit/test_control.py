@@ -3,6 +3,7 @@ input, NaN and inf, a sensor spike; and the PID, stages, shedding primitives ben
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -234,3 +235,30 @@ def test_retry_budget_and_circuit_breaker() -> None:
     b.record(ok=True, now=6.2)
     closed: BreakerState = b.state
     assert closed is BreakerState.CLOSED and b.allow(now=6.3)
+
+
+def _feedforward(baselines: list[float]) -> list[float]:
+    """A closed loop on a toy pool: its load is the baseline plus the budget in force."""
+    c = CapacityController(CapacityConfig())
+    out = []
+    for k, b in enumerate(baselines):
+        load = b + c.budget
+        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.5 + 0.4 * load, load_ratio=load,
+                   baseline_ratio=b)  # fmt: skip
+        out.append(d.applied)
+    return out
+
+
+def test_feedforward_tells_a_step_down_from_an_oscillation_trough() -> None:
+    # a 25% step down in baseline load: room the budget takes within two periods
+    budgets = _feedforward([0.6] * 60 + [0.45] * 10)
+    assert budgets[61] > budgets[59]
+    # +-5% oscillation (120 s) around the same load: the budget is sized for its peaks
+    wave = [0.6 * (1 + 0.05 * math.sin(2 * math.pi * k * PERIOD / 120)) for k in range(120)]
+    held = _feedforward(wave)
+    changes = sum(1 for a, b in itertools.pairwise(held[40:]) if a != b)
+    assert changes * 300 / (80 * PERIOD) <= 1.0
+    assert max(held[40:]) <= 0.99 - 0.6 + 0.01  # sized for the peaks, not the troughs
+    # a step up shows at once: the budget falls in the period it is seen
+    up = _feedforward([0.45] * 60 + [0.6] * 5)
+    assert up[60] < up[59]
