@@ -40,6 +40,10 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   not news and one that became 15% slow is.
 - ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
   accelerator type's probes, two slow probes in a row.
+
+A device whose clocks a power cap or brake holds down (DCGM's clock-event
+reasons) is slow by the power controller's hand: its probes and TPOT are
+neither judged nor learned from until the cap is lifted.
 - ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``.
 
 Per-device state is a slotted record of a few dozen numbers (well under
@@ -73,9 +77,11 @@ from models.health_state import (
     over_threshold,
 )
 from schemas.base import AcceleratorType, pool_name
-from schemas.dcgm import CLOCKS_THERMAL, FATAL_XIDS
+from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
 from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind, ServingMetrics
 from schemas.verdicts import HealthStatus, Signal, Verdict
+
+POWER_HELD = CLOCKS_SW_POWER_CAP | CLOCKS_HW_POWER_BRAKE  # clocks held down by our hand
 
 LOAD_BAND_BASE = math.log(1.25)
 __all__ = ["DeviceState", "HealthConfig", "HealthDetector"]
@@ -141,6 +147,7 @@ class HealthDetector:
         if s.sm_clock_mhz is not None and s.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, s.sm_clock_mhz)
             d.clock_ratio = s.sm_clock_mhz / d.clock_max_mhz
+        d.capped = bool((s.clock_throttle_reasons or 0) & POWER_HELD)
         d.dbe = s.ecc_dbe_volatile_total or 0
         if s.xid_last:
             if s.xid_last in FATAL_XIDS:
@@ -173,6 +180,8 @@ class HealthDetector:
             d.since.pop("tpot_vs_peers_log", None)
         # the load band is the batch the replica ran: TPOT normalised for batch size, from the
         # same sample (a smoothed request rate lags a shift of traffic and fakes slowness)
+        if d.capped:  # slower by our own hand (a power cap): neither judged nor learned from
+            return self._judge(device, d, t, m.event_id, appended_at)
         band = round(math.log(max(m.batch_size, 1)) / LOAD_BAND_BASE)
         key = (m.model, d.kind, band)
         x = math.log(m.tpot_p50_s * d.clock_ratio)
@@ -219,8 +228,8 @@ class HealthDetector:
                 continue
             touched.add(p.device_uuid or "")
             d.probe_failed = not p.passed
-            if p.expected_ratio is None or not p.passed:
-                continue
+            if p.expected_ratio is None or not p.passed or d.capped:
+                continue  # a capped device is slow by our own hand: its probe says nothing
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
             peer = self.probe_peers.score(d.kind, x, p.device_uuid)
             slow = False

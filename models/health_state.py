@@ -73,6 +73,7 @@ class DeviceState:
     temp_resid: float = 0.0
     thermal_sigma: float = 0.0
     thermal_hot: bool = False
+    capped: bool = False  # clocks held down by a power cap or brake: by our hand, not a fault
     tpot_fast: float = 0.0
     tpot_history: float = 0.0
     tpot_n: int = 0

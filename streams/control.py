@@ -64,6 +64,9 @@ class ControlWiring:
     tpot_slo_s: float = 0.08
     global_budget_devices: float = math.inf  # optional work the whole fleet may run at once
     min_cap_ratio: float = 0.4  # lowest cap asked for, as a share of the device's default
+    # decode time per token grows with the batch as (1 + batch / tpot_doubling_batch): what
+    # turns a replica's TPOT and batch into the batch it can run within the SLO
+    tpot_doubling_batch: float = 128.0
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
@@ -75,8 +78,8 @@ class _Pool:
     guard: TpotGuard
     period: int = -1
     tpot_p95_s: float | None = None
-    # per replica: batch, queue, and the share of its requests that was baseline work
-    replicas: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+    # per replica: batch, queue, share of its requests that was baseline work, TPOT p95
+    replicas: dict[str, tuple[int, int, float, float | None]] = field(default_factory=dict)
     said: CapacityReason | None = None  # the last reason a decision recorded
 
 
@@ -138,7 +141,7 @@ class ControlPlanner:
             baseline = 1.0
             if m.optional_requests is not None and m.requests > 0:
                 baseline = 1.0 - m.optional_requests / m.requests
-            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline)
+            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline, m.tpot_p95_s)
         return out
 
     def accelerator(self, t: AcceleratorTelemetry) -> None:
@@ -171,10 +174,13 @@ class ControlPlanner:
         w, end = self.w, self._end(pool.period)
         tpot, replicas = pool.tpot_p95_s, pool.replicas
         pool.tpot_p95_s, pool.replicas = None, {}
-        slots = max(1, len(replicas)) * pool.guard.target
-        load = sum(b + q for b, q, _ in replicas.values()) / slots
+        # what the pool can run: each replica's batch target, or less where its TPOT would
+        # pass the latency setpoint first
+        slots = max(1e-9, sum(self._room(b, tpot, pool.guard.target)
+                              for b, _, _, tpot in replicas.values()))  # fmt: skip
+        load = sum(b + q for b, q, _, _ in replicas.values()) / slots
         # the work that is not optional: what the budget must leave room for (feedforward)
-        base = sum((b + q) * share for b, q, share in replicas.values()) / slots
+        base = sum((b + q) * share for b, q, share, _ in replicas.values()) / slots
         before = pool.capacity.budget
         d = pool.capacity.step(
             now=end.timestamp(),
@@ -199,7 +205,7 @@ class ControlPlanner:
                        "i_term": d.i, "d_term": d.d},
                 params={"opportunistic_budget_ratio": round(d.applied, 4)},
             ))  # fmt: skip
-        in_use = max((b for b, _, _ in replicas.values()), default=None)
+        in_use = max((b for b, _, _, _ in replicas.values()), default=None)
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
@@ -209,6 +215,15 @@ class ControlPlanner:
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
         return out
+
+    def _room(self, batch: int, tpot_p95_s: float | None, target: int) -> float:
+        """The batch a replica can run with its TPOT p95 at the latency setpoint."""
+        if tpot_p95_s is None or tpot_p95_s <= 0:
+            return float(target)
+        k, w = self.w.tpot_doubling_batch, self.w
+        base_s = tpot_p95_s / (1.0 + batch / k)  # its TPOT at a batch of one
+        allowed_s = w.capacity.setpoint_ratio * w.tpot_slo_s
+        return min(float(target), max(0.0, k * (allowed_s / base_s - 1.0)))
 
     def _close_rack(self, rack_id: str, rack: _Rack) -> list[Output]:
         w, end = self.w, self._end(rack.period)

@@ -140,7 +140,8 @@ class TelemetryBuilder:
         return ProbeResult(
             probe=ProbeKind.GEMM,
             device_uuid=dev.uuid,
-            passed=not dev.failed and ratio >= 0.5,
+            # judged against what its clocks allow: a capped device is slow, not broken
+            passed=not dev.failed and ratio >= 0.5 * max(dev.clock_ratio, 0.05),
             duration_s=round(0.25 / max(ratio, 0.05), 4),
             achieved_per_s=round(dev.spec.decode_tokens_per_s * 4e11 * ratio, 0),
             expected_ratio=round(ratio, 4),

@@ -138,3 +138,21 @@ def test_the_fleets_optional_work_limit_caps_the_pools_together() -> None:
     assert max(o.decision.applied or 0 for o in free if o.decision.controller == "capacity") > max(
         o.decision.applied or 0 for o in capped if o.decision.controller == "capacity"
     )
+
+
+def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
+    # one replica at batch 64 with TPOT p95 0.06 s against a 0.08 s SLO (setpoint 0.9):
+    # at a batch of one it would take 0.04 s, so ~102 sequences fit under 0.072 s, and
+    # baseline work holds 64 of them: the feedforward leaves 0.99 - 64/102 of the room
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    wanted = []
+    for k in range(8):
+        m = ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=5 * k),
+            replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+            region="us-east", accelerator_type="H100", interval_s=5.0, tpot_p95_s=0.06,
+            queue_depth=0, batch_size=64, tokens_per_s=900.0, requests=10, errors=0,
+            optional_requests=0,
+        )  # fmt: skip
+        wanted += [o.decision.desired for o in planner.serving(m) if o.decision.desired]
+    assert wanted and abs(wanted[-1] - (0.99 - 64 / 102.4)) < 0.05

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 from datetime import timedelta
 
+from agents.sim.control import SimControl
 from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
 from agents.sim.simulation import Simulation
 from models.health import HealthConfig, HealthDetector
@@ -144,3 +145,22 @@ def test_verdicts_come_on_change_and_as_keepalives() -> None:
     per_device = [v for v in verdicts if v.device_uuid == "node-00000-gpu0"]
     assert [v.status for v in per_device] == [HealthStatus.HEALTHY] * 3  # t=1, 31, 61
     assert all(0.0 <= v.score < 0.5 for v in per_device)
+
+
+def test_devices_held_down_by_power_caps_are_not_judged_slow() -> None:
+    # the power controller caps a rack: its devices run slower by our own hand, and their
+    # probes and TPOT must not walk them down the isolation ladder
+    sim = _sim(nodes=8)
+    det = HealthDetector()
+    verdicts = _feed(det, sim, 60)
+    control = SimControl(sim.fleet)
+    capped = [d for n in sim.fleet.racks[1].nodes for d in n.devices]
+    for i, d in enumerate(capped):
+        # uneven caps, changed as the controller would: the deepest at the driver's floor
+        floor = d.spec.min_power_limit_watts
+        control.set_power_limit(
+            d.uuid, floor if i % 3 == 0 else (floor + d.spec.power_limit_watts) / 2
+        )
+    verdicts = _feed(det, sim, 120)
+    assert any(d.throttle_reasons for d in capped), "the caps must bind for this test to mean much"
+    assert not set(_flagged(verdicts)) & {d.uuid for d in capped}
