@@ -2,7 +2,9 @@
 
 :class:`ControlPlanner` gathers, per control period of event time:
 
-- per pool, from serving telemetry: the worst replica TPOT p95 and each
+- per pool, from serving telemetry: for each model it serves, the TPOT p95
+  that 95% of the model's requests were served within (replica p95s weighted
+  by requests), the slowest model's standing for the pool; and each
   replica's batch and queue; at the period's end the pool's
   :class:`~controllers.capacity.CapacityController` sets its optional-work
   budget (latency over the SLO, and load over the batch slots the TPOT guard
@@ -77,7 +79,8 @@ class _Pool:
     capacity: CapacityController
     guard: TpotGuard
     period: int = -1
-    tpot_p95_s: float | None = None
+    # per model: (replica TPOT p95, requests) this period
+    tpot: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     # per replica: batch, queue, share of its requests that was baseline work, TPOT p95
     replicas: dict[str, tuple[int, int, float, float | None]] = field(default_factory=dict)
     said: CapacityReason | None = None  # the last reason a decision recorded
@@ -137,7 +140,7 @@ class ControlPlanner:
         if period >= pool.period:
             pool.period = period
             if m.tpot_p95_s is not None:
-                pool.tpot_p95_s = max(pool.tpot_p95_s or 0.0, m.tpot_p95_s)
+                pool.tpot.setdefault(m.model, []).append((m.tpot_p95_s, max(m.requests, 1)))
             baseline = 1.0
             if m.optional_requests is not None and m.requests > 0:
                 baseline = 1.0 - m.optional_requests / m.requests
@@ -172,8 +175,11 @@ class ControlPlanner:
 
     def _close_pool(self, name: str, pool: _Pool) -> list[Output]:
         w, end = self.w, self._end(pool.period)
-        tpot, replicas = pool.tpot_p95_s, pool.replicas
-        pool.tpot_p95_s, pool.replicas = None, {}
+        # each model is held to the SLO on its own: the pool answers for its slowest
+        per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
+        tpot = max((t for t in per_model if t is not None), default=None)
+        replicas = pool.replicas
+        pool.tpot, pool.replicas = {}, {}
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first
         slots = max(1e-9, sum(self._room(b, tpot, pool.guard.target)
@@ -293,6 +299,22 @@ class ControlPlanner:
             **extra,
         )  # fmt: skip
         return Output(decision, command)
+
+
+def _pool_p95(samples: list[tuple[float, int]]) -> float | None:
+    """A model's TPOT p95 in a pool from its replicas' (p95, requests): the replica p95
+    that 95% of the period's requests were served at or under. One slow replica that serves
+    few (a device being drained, say) does not stop the pool's optional work; one that
+    serves a twentieth of them does."""
+    if not samples:
+        return None
+    total = sum(n for _, n in samples)
+    seen = 0
+    for tpot, n in sorted(samples):
+        seen += n
+        if seen >= 0.95 * total:
+            return tpot
+    return max(t for t, _ in samples)
 
 
 def add_control(app: faust.App, w: ControlWiring, shared: ControllerMetrics) -> list[TopicSpec]:

@@ -301,7 +301,10 @@ class Fleet:
             dev.queue = limit
         # optional work goes only where the router sends work at all (not drained, ejected...)
         spare = capacity_rps - served / dt if self.host_weight(dev) > 0 else 0.0
-        dev.optional_rps = self.router.optional_rps(dev, capacity_rps, spare)
+        # the batch at which TPOT reaches the router's target, as a rate (Little's law)
+        target = self.router.tpot_target_s
+        room = max(0.0, 128 * (target / tpot - 1)) / (m.generated_tokens * target)
+        dev.optional_rps = self.router.optional_rps(dev, capacity_rps, spare, room)
         dev.served_rps = served / dt + dev.optional_rps
         dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
         dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)

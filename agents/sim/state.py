@@ -146,6 +146,7 @@ class RouterTable:
     retry_budgets: dict[tuple[str, str], RetryBudget] = field(default_factory=dict)
     retries: dict[tuple[str, str], float] = field(default_factory=dict)  # rps for next step
     retried_total: float = 0.0  # requests retried so far
+    tpot_target_s: float = 0.072  # the TPOT the router fills optional work up to
 
     def route_open(self, uuid: str, now: float) -> bool:
         """Whether the route to this replica takes traffic (its breaker closed or probing)."""
@@ -168,19 +169,22 @@ class RouterTable:
             self.retried_total += granted
             self.retries[key] = self.retries.get(key, 0.0) + granted / dt
 
-    def optional_rps(self, dev: Device, capacity_rps: float, spare_rps: float) -> float:
-        """Optional work this replica serves now: the pool's budget share of its capacity,
-        degraded (halved) or dropped by its shedder as its queue grows, and never more than
-        what baseline work leaves spare (baseline never waits for it)."""
+    def optional_rps(
+        self, dev: Device, capacity_rps: float, spare_rps: float, room_rps: float
+    ) -> float:
+        """Optional work this replica serves now: the pool's budget share of its room (the
+        rate it can serve with TPOT at ``tpot_target_s``), degraded (halved) or dropped by
+        its shedder as its queue grows, and never more than what baseline work leaves spare
+        (baseline never waits for it)."""
         budget = self.opportunistic_budget_ratio.get(dev.pool, 0.0)
-        if budget <= 0 or capacity_rps <= 0:
+        if budget <= 0 or capacity_rps <= 0 or room_rps <= 0:
             return 0.0
         shedder = self.shedders.get(dev.uuid)
         if shedder is None:
             shedder = self.shedders[dev.uuid] = LoadShedder(ShedConfig())
         verdict = shedder.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=dev.queue / capacity_rps)
         share = {Admission.ADMIT: 1.0, Admission.DEGRADE: 0.5, Admission.DROP: 0.0}[verdict]
-        return max(0.0, min(budget * capacity_rps * share, spare_rps))
+        return max(0.0, min(budget * room_rps * share, spare_rps))
 
     def weight(self, model: str, pool: str) -> float:
         return self.pool_weights.get((model, pool), self.pool_weights.get(("*", pool), 1.0))

@@ -156,3 +156,44 @@ def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
         )  # fmt: skip
         wanted += [o.decision.desired for o in planner.serving(m) if o.decision.desired]
     assert wanted and abs(wanted[-1] - (0.99 - 64 / 102.4)) < 0.05
+
+
+def _serve(planner: ControlPlanner, k: int, replica: str, model: str, tpot: float,
+           requests: int) -> list[Output]:  # fmt: skip
+    return planner.serving(
+        ServingMetrics(
+            event_id=uuid.uuid4(),
+            observed_at=START + timedelta(seconds=5 * k),
+            replica_id=replica,
+            node_id="node-00000",
+            model=model,
+            pool="us-east-h100",
+            region="us-east",
+            accelerator_type="H100",
+            interval_s=5.0,
+            tpot_p95_s=tpot,
+            queue_depth=0,
+            batch_size=32,
+            tokens_per_s=900.0,
+            requests=requests,
+            errors=0,
+            optional_requests=0,
+        )
+    )
+
+
+def test_each_model_answers_to_the_slo_and_one_quiet_slow_replica_does_not() -> None:
+    # a slow replica that serves 1 request in 200 of its model's: not the pool's p95
+    quiet = ControlPlanner(ControlWiring(period_s=10.0, tpot_slo_s=0.08))
+    made = []
+    for k in range(12):
+        made += _serve(quiet, k, "fast", "qwen-7b", 0.03, 199)
+        made += _serve(quiet, k, "slow", "qwen-7b", 0.2, 1)
+    assert not [o for o in made if o.decision.reason == "slo_breach"]
+    # a model over its SLO on every replica: the pool answers for it, however few it serves
+    mixed = ControlPlanner(ControlWiring(period_s=10.0, tpot_slo_s=0.08))
+    made = []
+    for k in range(12):
+        made += _serve(mixed, k, "a", "qwen-7b", 0.03, 500)
+        made += _serve(mixed, k, "b", "llama-70b", 0.09, 5)
+    assert [o for o in made if o.decision.reason == "slo_breach"]
