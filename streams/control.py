@@ -12,7 +12,9 @@
   target;
 - per rack, from PDU readings (the phases summed) and accelerator telemetry
   (each device's draw and power limit): its
-  :class:`~controllers.power.PowerController` caps or lifts devices.
+  :class:`~controllers.power.PowerController` caps or lifts devices, those
+  busiest with optional work first (criticality is the share of a device's
+  recent requests that were baseline work).
 
 Every step that changes something (or starts refusing to, for a reason an SRE
 would ask about: SLO breach, stale or invalid input, the global budget) is a
@@ -101,6 +103,7 @@ class _Device:
     cap_watts: float
     default_watts: float
     low_clock: bool = False
+    baseline_share: float = 1.0  # of what it served lately, the share that was not optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,9 @@ class ControlPlanner:
             baseline = 1.0
             if m.optional_requests is not None and m.requests > 0:
                 baseline = 1.0 - m.optional_requests / m.requests
+                device = self.devices.get(m.device_uuid or "")
+                if device is not None:  # a device busy with optional work is capped first
+                    device.baseline_share += 0.2 * (baseline - device.baseline_share)
             pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline, m.tpot_p95_s)
         return out
 
@@ -240,8 +246,8 @@ class ControlPlanner:
         plan = rack.power.step(
             draw_watts=draw, limit_watts=limit,
             devices=[
-                DevicePower(u, 1, d.draw_watts, d.cap_watts, w.min_cap_ratio * d.default_watts,
-                            d.default_watts, d.low_clock)
+                DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
+                            w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock)
                 for u, d in members.items()
             ],
         )  # fmt: skip

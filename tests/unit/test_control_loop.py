@@ -197,3 +197,36 @@ def test_each_model_answers_to_the_slo_and_one_quiet_slow_replica_does_not() -> 
         made += _serve(mixed, k, "a", "qwen-7b", 0.03, 500)
         made += _serve(mixed, k, "b", "llama-70b", 0.09, 5)
     assert [o for o in made if o.decision.reason == "slo_breach"]
+
+
+def test_caps_go_first_to_the_device_busiest_with_optional_work() -> None:
+    sim = Simulation(load_scenario(SCENARIOS / "steady.yaml"), start=START)
+    sim.tick(0)
+    rack = sim.fleet.racks[0]
+    a, b = rack.nodes[0].devices[0], rack.nodes[0].devices[1]
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0))
+    made: list[Output] = []
+    for k in range(3):
+        at = START + timedelta(seconds=10 * k + 1)
+        for dev, optional in ((a, 0), (b, 9)):  # b serves mostly optional work
+            sample = sim.telemetry.device_sample(dev).model_copy(
+                update={"observed_at": at, "power_usage_watts": 600.0, "power_limit_watts": 700.0}
+            )
+            planner.accelerator(sample)
+            m = ServingMetrics(
+                event_id=uuid.uuid4(), observed_at=at, replica_id=dev.uuid,
+                node_id=dev.node.node_id, device_uuid=dev.uuid, model="qwen-7b", pool=dev.pool,
+                region=dev.node.region, accelerator_type=dev.spec.kind, interval_s=1.0,
+                tpot_p95_s=0.03, queue_depth=0, batch_size=32, tokens_per_s=900.0, requests=10,
+                errors=0, optional_requests=optional,
+            )  # fmt: skip
+            made += planner.serving(m)
+        reading = PduReading(
+            event_id=uuid.uuid4(), observed_at=at, pdu_id=rack.pdu_id, rack_id=rack.rack_id,
+            pod_id=rack.pod_id, region=rack.region, phase="L1", power_watts=1300.0,
+            capacity_watts=2000.0, breaker_limit_watts=1200.0,
+        )  # fmt: skip
+        made += planner.pdu(reading)
+    caps = [o.command for o in made if o.command is not None
+            and o.command.action is ThrottleAction.POWER_CAP]  # fmt: skip
+    assert caps and caps[0].target.device_uuid == b.uuid
