@@ -121,6 +121,8 @@ class ControlPlanner:
         self.pools: dict[str, _Pool] = {}
         self.racks: dict[str, _Rack] = {}
         self.devices: dict[str, _Device] = {}
+        # rack -> its devices, in the order first seen (a rack's close reads its own)
+        self.rack_devices: dict[str, list[str]] = {}
         self.global_budget = GlobalBudget(w.global_budget_devices)
 
     def _period(self, at: datetime) -> int:
@@ -158,6 +160,7 @@ class ControlPlanner:
             return
         d = self.devices.get(t.device_uuid)
         if d is None:
+            self.rack_devices.setdefault(t.rack_id, []).append(t.device_uuid)
             d = self.devices[t.device_uuid] = _Device(
                 t.node_id, t.rack_id, t.power_usage_watts, t.power_limit_watts,
                 t.power_limit_watts,
@@ -188,8 +191,8 @@ class ControlPlanner:
         pool.tpot, pool.replicas = {}, {}
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first
-        slots = max(1e-9, sum(self._room(b, tpot, pool.guard.target)
-                              for b, _, _, tpot in replicas.values()))  # fmt: skip
+        slots = max(1e-9, sum(self._room(b, replica_tpot, pool.guard.target)
+                              for b, _, _, replica_tpot in replicas.values()))  # fmt: skip
         load = sum(b + q for b, q, _, _ in replicas.values()) / slots
         # the work that is not optional: what the budget must leave room for (feedforward)
         base = sum((b + q) * share for b, q, share, _ in replicas.values()) / slots
@@ -242,7 +245,7 @@ class ControlPlanner:
         draw = sum(p for p, _ in rack.phases.values()) if rack.phases else None
         limit = sum(lim for _, lim in rack.phases.values())
         rack.phases = {}
-        members = {u: d for u, d in self.devices.items() if d.rack_id == rack_id}
+        members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
             draw_watts=draw, limit_watts=limit,
             devices=[
