@@ -120,6 +120,12 @@ class ThrottleCommand(Command):
     batch_size_max: Count | None = None
     admission_ratio: Ratio | None = None
     opportunistic_budget_ratio: Ratio | None = None
+    funnel_extra_candidates: NonNegFloat | None = Field(
+        default=None, description="with the budget: extra candidates per request it buys"
+    )
+    upgrade_ratio: Ratio | None = Field(
+        default=None, description="with the budget: share of requests sent to the bigger model"
+    )
 
     @model_validator(mode="after")
     def _parameter_for_action(self) -> ThrottleCommand:

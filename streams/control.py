@@ -39,7 +39,14 @@ from typing import Any
 
 import faust
 
-from controllers.capacity import CapacityConfig, CapacityController, CapacityReason, GlobalBudget
+from controllers.capacity import (
+    CapacityConfig,
+    CapacityController,
+    CapacityReason,
+    GlobalBudget,
+    LeverConfig,
+    split_levers,
+)
 from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever, PowerReason
 from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
 from schemas.codec import DecodeError, decode, encode
@@ -72,6 +79,7 @@ class ControlWiring:
     # turns a replica's TPOT and batch into the batch it can run within the SLO
     tpot_doubling_batch: float = 128.0
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    levers: LeverConfig = field(default_factory=LeverConfig)
     tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
 
@@ -213,12 +221,17 @@ class ControlPlanner:
         # a change is always recorded; a noteworthy hold once, when it starts
         if d.applied != before or (d.reason in NOTEWORTHY and d.reason is not pool.said):
             pool.said = d.reason
+            spend = split_levers(d.applied, base, w.levers)
             out.append(self._output(
                 end, name, "capacity", ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
-                d.message, Target(pool=name), changed=d.applied != before,
+                f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
+                f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
+                Target(pool=name), changed=d.applied != before,
                 extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
                        "i_term": d.i, "d_term": d.d},
-                params={"opportunistic_budget_ratio": round(d.applied, 4)},
+                params={"opportunistic_budget_ratio": round(d.applied, 4),
+                        "funnel_extra_candidates": round(spend.funnel_extra, 3),
+                        "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
         in_use = max((b for b, _, _, _ in replicas.values()), default=None)
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)

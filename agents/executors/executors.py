@@ -111,7 +111,13 @@ class RouterExecutor:
             }.get(command.action)
             if value is None:
                 raise PermanentActuatorError(f"the router does not do {command.action.value}")
-            return self.control.set_pool_lever(pool, command.action.value, float(value))
+            done = [self.control.set_pool_lever(pool, command.action.value, float(value))]
+            # how the budget is spent: the two levers of opportunistic capacity, when given
+            for lever in ("funnel_extra_candidates", "upgrade_ratio"):
+                setting = getattr(command, lever)
+                if setting is not None:
+                    done.append(self.control.set_pool_lever(pool, lever, float(setting)))
+            return "; ".join(done)
         if not isinstance(command, RouteCommand):
             raise PermanentActuatorError(f"the router does not do {type(command).__name__}")
         host = command.target.node_id or command.target.device_uuid

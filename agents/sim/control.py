@@ -100,6 +100,8 @@ class SimControl:
             r.admission_ratio[pool] = value
         elif lever == "opportunistic_budget":
             r.opportunistic_budget_ratio[pool] = value
+        elif lever in ("funnel_extra_candidates", "upgrade_ratio"):
+            r.optional_levers.setdefault(pool, {})[lever] = value
         else:
             raise PermanentActuatorError(f"unknown pool lever {lever!r}")
         return f"{pool} {lever} {value:g}"
@@ -134,6 +136,7 @@ class SimControl:
             "admission_ratio": dict(sorted(r.admission_ratio.items())),
             "batch_size_max": dict(sorted(r.batch_size_max.items())),
             "opportunistic_budget_ratio": dict(sorted(r.opportunistic_budget_ratio.items())),
+            "optional_levers": dict(sorted(r.optional_levers.items())),
             "routes": {
                 m: sorted(v, key=lambda e: e["device_uuid"]) for m, v in sorted(routes.items())
             },

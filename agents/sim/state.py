@@ -140,6 +140,8 @@ class RouterTable:
     admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
     batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
     opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
+    # pool -> how its budget is spent (extra candidates per request, share upgraded)
+    optional_levers: dict[str, dict[str, float]] = field(default_factory=dict)
     # each replica's local shedder: optional work it takes, by its own queue's delay
     shedders: dict[str, LoadShedder] = field(default_factory=dict)  # device uuid
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)  # device uuid

@@ -84,6 +84,14 @@ def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
     assert first.outcome is DecisionOutcome.ISSUED and first.applied and first.applied > 0
     assert budget[0].command is not None
     assert budget[0].command.opportunistic_budget_ratio == round(first.applied, 4)
+    # spent on the two levers, and the router holds both
+    command = budget[-1].command
+    assert command is not None and command.funnel_extra_candidates is not None
+    assert command.upgrade_ratio is not None and "extra candidates" in budget[-1].decision.message
+    assert set(sim.fleet.router.optional_levers[command.target.pool or ""]) == {
+        "funnel_extra_candidates",
+        "upgrade_ratio",
+    }
     # the router took it: optional work is served, and only from capacity baseline left
     optional = [d for d in sim.fleet.devices.values() if d.optional_rps > 0]
     assert optional and all(d.queue == 0 or d.optional_rps == 0 for d in optional)
