@@ -32,10 +32,15 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def _command_key(settings: WorkerSettings) -> tuple[str, bytes] | None:
+    """The key controllers sign with; None makes them advisory."""
+    return settings.signing_key() if settings.command_keys is not None else None
+
+
 def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
     if "health" not in settings.roles:
         return None
-    key = settings.signing_key() if settings.command_keys is not None else None
+    key = _command_key(settings)
     if key is None:
         log.warning("no FLEETLOOP_COMMAND_KEYS: the isolation controller is advisory")
     return HealthWiring(
@@ -46,7 +51,7 @@ def _health_wiring(settings: WorkerSettings) -> HealthWiring | None:
 def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
     if "demand" not in settings.roles:
         return None
-    key = settings.signing_key() if settings.command_keys is not None else None
+    key = _command_key(settings)
     return DemandWiring(
         topic_prefix=settings.topic_prefix,
         signing_key=key,
@@ -59,7 +64,7 @@ def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
 def _control_wiring(settings: WorkerSettings) -> ControlWiring | None:
     if "control" not in settings.roles:
         return None
-    key = settings.signing_key() if settings.command_keys is not None else None
+    key = _command_key(settings)
     return ControlWiring(
         topic_prefix=settings.topic_prefix,
         signing_key=key,

@@ -34,7 +34,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import faust
@@ -52,10 +52,10 @@ from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import ClockMode, Target, ThrottleAction, ThrottleCommand
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
-from schemas.signing import sign
 from schemas.topics import ACCELERATOR, DECISIONS, PDU, SERVING, THROTTLE_COMMANDS, TopicSpec
 from schemas.verdicts import Decision, DecisionOutcome
 from streams.controller_metrics import ControllerMetrics
+from streams.issuing import IssuerWiring, issue
 
 NOTEWORTHY = {
     CapacityReason.SLO_BREACH,
@@ -66,9 +66,7 @@ NOTEWORTHY = {
 
 
 @dataclass(frozen=True, slots=True)
-class ControlWiring:
-    topic_prefix: str = ""
-    signing_key: tuple[str, bytes] | None = None
+class ControlWiring(IssuerWiring):
     issuer: str = "control"
     command_ttl_s: float = 30.0
     period_s: float = 10.0
@@ -302,16 +300,10 @@ class ControlPlanner:
     ) -> Output:  # fmt: skip
         decision_id = self.new_id()
         command = None
-        if changed and self.w.signing_key is not None:
-            kid, key = self.w.signing_key
-            command = sign(
-                ThrottleCommand(
-                    command_id=self.new_id(), issued_at=at,
-                    expires_at=at + timedelta(seconds=self.w.command_ttl_s),
-                    issuer=self.w.issuer, target=target, reason=reason, message=message[:1024],
-                    decision_id=decision_id, action=action, **params,
-                ),
-                key_id=kid, key=key,
+        if changed:
+            command = issue(
+                ThrottleCommand, self.w, at=at, decision_id=decision_id, new_id=self.new_id,
+                target=target, reason=reason, message=message[:1024], action=action, **params,
             )  # fmt: skip
         outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
         decision = Decision(

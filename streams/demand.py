@@ -46,19 +46,17 @@ from models.forecast import DemandForecaster
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import Target, WarmAction, WarmCommand
 from schemas.events import Demand, ServingMetrics
-from schemas.signing import sign
 from schemas.topics import DECISIONS, DEMAND, FORECASTS, SERVING, WARM_COMMANDS, TopicSpec
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 from streams.controller_metrics import ControllerMetrics
+from streams.issuing import IssuerWiring, issue
 
 CONTROLLER = "warming"
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
 
 
 @dataclass(frozen=True, slots=True)
-class DemandWiring:
-    topic_prefix: str = ""
-    signing_key: tuple[str, bytes] | None = None
+class DemandWiring(IssuerWiring):
     issuer: str = "warming-controller"
     command_ttl_s: float = 120.0
     step_s: float = 60.0
@@ -219,28 +217,14 @@ def decide_warm(
     action = WarmAction.WARM if d.replicas > 0 else WarmAction.COOL
     decision_id = new_id()
     command = None
-    if step.guard.allowed and w.signing_key is not None:
-        kid, key = w.signing_key
-        command = sign(
-            WarmCommand(
-                command_id=new_id(),
-                issued_at=step.at,
-                expires_at=step.at + timedelta(seconds=w.command_ttl_s),
-                issuer=w.issuer,
-                target=Target(pool=step.pool),
-                reason=d.reason.value,
-                message=d.message[:1024],
-                decision_id=decision_id,
-                action=action,
-                model=step.model,
-                replicas=abs(d.replicas),
-                deadline_at=(
-                    step.at + timedelta(seconds=w.load_s_for(step.pool)) if d.replicas > 0 else None
-                ),
-            ),
-            key_id=kid,
-            key=key,
-        )
+    if step.guard.allowed:
+        deadline = step.at + timedelta(seconds=w.load_s_for(step.pool))
+        command = issue(
+            WarmCommand, w, at=step.at, decision_id=decision_id, new_id=new_id,
+            target=Target(pool=step.pool), reason=d.reason.value, message=d.message[:1024],
+            action=action, model=step.model, replicas=abs(d.replicas),
+            deadline_at=deadline if d.replicas > 0 else None,
+        )  # fmt: skip
     decision = Decision(
         decision_id=decision_id,
         decided_at=step.at,

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import faust
@@ -32,7 +32,6 @@ from models.health import HealthConfig, HealthDetector
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import RouteCommand, Target
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.signing import sign
 from schemas.topics import (
     ACCELERATOR,
     DECISIONS,
@@ -44,19 +43,17 @@ from schemas.topics import (
 )
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
 from streams.controller_metrics import ControllerMetrics
+from streams.issuing import IssuerWiring, issue
 
 log = logging.getLogger(__name__)
 CONTROLLER = "isolation"
 
 
 @dataclass(frozen=True, slots=True)
-class HealthWiring:
+class HealthWiring(IssuerWiring):
     """What the health processors need besides the app."""
 
-    topic_prefix: str = ""
-    signing_key: tuple[str, bytes] | None = None  # None: advisory, decisions only
     issuer: str = "isolation-controller"
-    command_ttl_s: float = 60.0
     batch_within_s: float = 0.05
     detector: HealthConfig = field(default_factory=HealthConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
@@ -220,29 +217,14 @@ def decide(
     command: RouteCommand | None = None
     if not step.allowed:
         outcome = DecisionOutcome.REFUSED
-    elif w.signing_key is None:
-        outcome = DecisionOutcome.ADVISORY
     else:
-        outcome = DecisionOutcome.ISSUED
-        kid, key = w.signing_key
-        command = sign(
-            RouteCommand(
-                command_id=uuid.uuid4(),
-                issued_at=now,
-                expires_at=now + timedelta(seconds=w.command_ttl_s),
-                issuer=w.issuer,
-                target=Target(device_uuid=step.device_uuid),
-                reason=step.reason,
-                message=step.message,
-                cause_event_id=v.cause_event_id,
-                cause_observed_at=v.observed_at,
-                decision_id=decision_id,
-                action=step.action,
-                weight_ratio=step.weight_ratio,
-            ),
-            key_id=kid,
-            key=key,
-        )
+        command = issue(
+            RouteCommand, w, at=now, decision_id=decision_id,
+            target=Target(device_uuid=step.device_uuid), reason=step.reason,
+            message=step.message, cause_event_id=v.cause_event_id,
+            cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,
+        )  # fmt: skip
+        outcome = DecisionOutcome.ADVISORY if command is None else DecisionOutcome.ISSUED
     decision = Decision(
         decision_id=decision_id,
         decided_at=now,
