@@ -1,7 +1,10 @@
 """The simulated fleet's state: devices, nodes, racks and the router's table.
 
 Plain mutable records; :class:`agents.sim.fleet.Fleet` steps them and the
-controls in :mod:`agents.sim.control` change them.
+controls in :mod:`agents.sim.control` change them. The router's table also
+holds the router's own fast decisions, made per replica as the fleet steps:
+how much optional work a replica takes (its shedder), whether its route is open
+(its circuit breaker), and which errors are retried (the retry budget).
 """
 
 from __future__ import annotations
