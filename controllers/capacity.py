@@ -20,8 +20,11 @@ not optional):
 4. otherwise the budget proposed is a feedforward plus a PID trim:
    ``load_setpoint_ratio`` less the busiest baseline ratio of the last
    ``stabilise_up_s`` (a dip that may come back is not room; a rise shows at
-   once), plus a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
-   for what that misses (without a baseline ratio, the PID alone). Then a
+   once; a ramp down, where a falling line explains ``ramp_fit`` of the
+   window's variance, is sized for that line now plus twice its residual
+   spread, and restarts the stabilisation window), plus a PID
+   (:mod:`controllers.pid`) on ``setpoint_ratio - trend`` for what that
+   misses (without a baseline ratio, the PID alone). Then a
    tolerance (increases under ``tolerance_ratio``, cuts under
    ``tolerance_floor`` are noise), a stabilisation window on increases, a
    rate limit and the clamps (:mod:`controllers.stages`) decide what applies.
@@ -73,10 +76,11 @@ class CapacityConfig:
     deadband_ratio: float = 0.02
     trend_window: int = 3
     budget_max_ratio: float = 1.0
-    tolerance_ratio: float = 0.1
+    tolerance_ratio: float = 0.05
     tolerance_floor: float = 0.01
     stabilise_up_s: float = 120.0
     step_down_ratio: float = 0.15  # baseline this far under the window's busiest: a step
+    ramp_fit: float = 0.8  # a falling line explaining this share of the window's variance
     up_per_s: float = 0.005  # budget may grow by 0.5% of capacity per second at most
     down_per_s: float = math.inf
     stale_after_s: float = 30.0
@@ -176,7 +180,10 @@ class CapacityController:
             self.baselines.append((now, baseline_ratio))
             while self.baselines and self.baselines[0][0] < now - c.stabilise_up_s:
                 self.baselines.popleft()
-            room = c.load_setpoint_ratio - max(b for _, b in self.baselines)
+            level = self._baseline_level(now)
+            if level < max(b for _, b in self.baselines):
+                self.stabiliser.forget()  # a ramp down: the room it leaves is real now
+            room = c.load_setpoint_ratio - level
             pid = replace(pid, bias=min(max(room, 0.0), c.budget_max_ratio))
         self.state, s = pid_step(
             pid, self.state, setpoint=c.setpoint_ratio, measurement=trend, now=now
@@ -199,6 +206,28 @@ class CapacityController:
             f"budget {applied:.3f}, wanted {s.output:.3f}",
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
+
+    def _baseline_level(self, now: float) -> float:
+        """The baseline the budget is sized for: the window's busiest, or, while the
+        baseline falls steadily (a least-squares line through the window that explains
+        ``ramp_fit`` of its variance, sloping down), that line now plus twice its residual
+        spread: a ramp down is not a dip that comes back."""
+        peak = max(b for _, b in self.baselines)
+        if len(self.baselines) < 6:
+            return peak
+        n = len(self.baselines)
+        mt = sum(t for t, _ in self.baselines) / n
+        mb = sum(b for _, b in self.baselines) / n
+        stt = sum((t - mt) ** 2 for t, _ in self.baselines)
+        sbb = sum((b - mb) ** 2 for _, b in self.baselines)
+        if stt <= 0 or sbb <= 0:
+            return peak
+        slope = sum((t - mt) * (b - mb) for t, b in self.baselines) / stt
+        explained = slope * slope * stt / sbb
+        if slope >= 0 or explained < self.config.ramp_fit:
+            return peak
+        spread = math.sqrt(max(0.0, (sbb - slope * slope * stt) / (n - 2)))
+        return min(peak, mb + slope * (now - mt) + 2.0 * spread)
 
     def limit(self, ratio: float) -> bool:
         """Hold the budget at ``ratio`` at most (a cap from outside, such as the global

@@ -6,14 +6,22 @@ and its devices (draw, cap, cap range, criticality):
 - **guard**: the largest rise of the draw in one period over the last
   ``rise_window`` periods; the draw plus that guard is what the next period
   may bring (a step of load shows in it before the breaker does);
-- **shed** when the draw plus guard exceeds ``target_ratio`` of the limit: caps
-  go down on the least critical devices first (most drawing first among
+- **shed** when the draw plus guard exceeds ``target_ratio`` of the limit (at
+  once when the draw itself does, or the projection passes the limit; after
+  two periods in a row otherwise, so one noisy rise is not taken for a
+  trend): caps go down on the least critical devices first (most drawing first among
   equals), each no lower than its minimum; what caps cannot take, low-clock
   mode takes; what neither can, deferrable batch work moved to a pool with
   headroom (:data:`PowerReason.MOVE_BATCH`, sized in watts);
-- **lift** when the draw plus guard stays under ``release_ratio`` of the limit
-  for ``hold_periods``: undo in reverse (clocks back first, then caps, most
-  critical first), never beyond what keeps the projected draw under the target.
+- **lift** after ``hold_periods`` calm periods: undo in reverse (clocks back
+  first, then caps, most critical first). A lift is sized for the busiest draw
+  ``B`` and the largest rise ``G`` of the last ``lift_window_s`` (an
+  oscillation's trough is not headroom): with room ``R = target - B - G`` it
+  gives back ``L = min(R, (R + G) / 2)``, so that ``B + L`` plus the guard's
+  next projection, which now sees ``L`` as a rise, stays under the target. A
+  period is calm when the projection is under ``release_ratio`` of the limit,
+  or when ``R`` covers twice the smallest lift worth an action (a rack held at
+  its old target after its feed is repaired must not wait for load to fall).
 
 A reading that is missing or not finite changes nothing (no lift without
 knowing the draw). Pure: readings in, actions out.
@@ -21,7 +29,7 @@ knowing the draw). Pure: readings in, actions out.
 Example::
 
     ctl = PowerController(PowerConfig())
-    plan = ctl.step(draw_watts=9_800, limit_watts=10_000, devices=devices)
+    plan = ctl.step(now=60.0, draw_watts=9_800, limit_watts=10_000, devices=devices)
     for a in plan.actions: ...   # PowerAction(device, CAP, watts=...)
 """
 
@@ -82,7 +90,8 @@ class PowerConfig:
     hold_periods: int = 3
     rise_window: int = 10
     low_clock_saving_ratio: float = 0.15  # what low-clock mode takes off a device's draw
-    lift_step_ratio: float = 0.1  # of a device's cap range per period
+    lift_step_ratio: float = 0.1  # of a device's cap range: the least lift worth an action
+    lift_window_s: float = 120.0  # a lift is sized for the busiest draw of this window
 
     def __post_init__(self) -> None:
         if not 0 < self.release_ratio < self.target_ratio <= 1:
@@ -94,33 +103,63 @@ class PowerController:
 
     def __init__(self, config: PowerConfig) -> None:
         self.config = config
-        self.rises: deque[float] = deque(maxlen=config.rise_window)
         self.last_draw: float | None = None
+        # (when, draw, rise since the reading before): the guard reads the last rise_window
+        # rises, a lift the whole lift window
+        self.history: deque[tuple[float, float, float]] = deque()
         self.calm = 0
+        self.warned = 0  # periods in a row projected over the target
 
     def step(
-        self, *, draw_watts: float | None, limit_watts: float, devices: Sequence[DevicePower]
+        self,
+        *,
+        now: float,
+        draw_watts: float | None,
+        limit_watts: float,
+        devices: Sequence[DevicePower],
     ) -> PowerPlan:
         c = self.config
         if draw_watts is None or not math.isfinite(draw_watts) or not limit_watts > 0:
             self.calm = 0
             return PowerPlan((), PowerReason.INVALID_INPUT, "no valid PDU reading: held")
-        if self.last_draw is not None:
-            self.rises.append(max(0.0, draw_watts - self.last_draw))
+        rise = 0.0 if self.last_draw is None else max(0.0, draw_watts - self.last_draw)
         self.last_draw = draw_watts
-        projected = draw_watts + max(self.rises, default=0.0)
+        self.history.append((now, draw_watts, rise))
+        while self.history[0][0] < now - c.lift_window_s and len(self.history) > c.rise_window:
+            self.history.popleft()
+        recent = list(self.history)[-c.rise_window :]
+        projected = draw_watts + max(r for _, _, r in recent)
         target = c.target_ratio * limit_watts
         if projected > target:
             self.calm = 0
-            return self._shed(projected - target, projected, limit_watts, devices)
-        if projected < c.release_ratio * limit_watts:
+            self.warned += 1
+            # a draw over the target, or a projection over the limit, sheds at once; a
+            # projection between the two must hold two periods (one noisy rise is no trend)
+            if draw_watts > target or projected > limit_watts or self.warned >= 2:
+                return self._shed(projected - target, projected, limit_watts, devices)
+            return PowerPlan((), PowerReason.HOLD,
+                             f"projected {projected:.0f} W over the target once: watched",
+                             projected_watts=projected)  # fmt: skip
+        self.warned = 0
+        guard = max(r for _, _, r in self.history)
+        room = target - max(w for _, w, _ in self.history) - guard
+        if projected < c.release_ratio * limit_watts or self._lift_fits(room, devices):
             self.calm += 1
             if self.calm >= c.hold_periods:
-                return self._lift(target - projected, projected, devices)
+                return self._lift(min(room, (room + guard) / 2), projected, devices)
         else:
             self.calm = 0
         return PowerPlan((), PowerReason.HOLD, f"{projected:.0f} W of {limit_watts:.0f} W",
                          projected_watts=projected)  # fmt: skip
+
+    def _lift_fits(self, room: float, devices: Sequence[DevicePower]) -> bool:
+        """Whether ``room`` covers twice the smallest lift worth an action."""
+        steps = [
+            self.config.lift_step_ratio * (d.max_cap_watts - d.min_cap_watts)
+            for d in devices
+            if d.cap_watts < d.max_cap_watts - 0.5 or d.low_clock
+        ]
+        return bool(steps) and room >= 2 * max(steps)
 
     def _shed(
         self, need: float, projected: float, limit: float, devices: Sequence[DevicePower]
@@ -163,12 +202,13 @@ class PowerController:
             if room <= 0:
                 break
             if d.cap_watts < d.max_cap_watts - 0.5:
-                step = self.config.lift_step_ratio * (d.max_cap_watts - d.min_cap_watts)
-                new_cap = min(d.max_cap_watts, d.cap_watts + min(step, room))
+                new_cap = min(d.max_cap_watts, d.cap_watts + room)
                 room -= new_cap - d.cap_watts
                 actions.append(PowerAction(d.uuid, PowerLever.CAP, round(new_cap, 1)))
         if not actions:
-            return PowerPlan((), PowerReason.HOLD, "headroom, nothing capped",
+            held = any(d.low_clock or d.cap_watts < d.max_cap_watts - 0.5 for d in devices)
+            why = "the lift window's peak leaves no room yet" if held else "nothing capped"
+            return PowerPlan((), PowerReason.HOLD, f"headroom, {why}",
                              projected_watts=projected)  # fmt: skip
         return PowerPlan(tuple(actions), PowerReason.HEADROOM,
                          f"projected {projected:.0f} W: {len(actions)} device(s) lifted",

@@ -104,7 +104,8 @@ class Ours:
     def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
         actions = 0
         for r, ctl in enumerate(self.powers):
-            plan = ctl.step(draw_watts=racks[r], limit_watts=limits[r], devices=_devices(plant, r))
+            plan = ctl.step(now=now, draw_watts=racks[r], limit_watts=limits[r],
+                            devices=_devices(plant, r))  # fmt: skip
             for a in plan.actions:
                 i = int(a.device_uuid)
                 if a.lever is PowerLever.CAP and a.watts is not None:

@@ -258,7 +258,7 @@ class ControlPlanner:
         rack.phases = {}
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
-            draw_watts=draw, limit_watts=limit,
+            now=end.timestamp(), draw_watts=draw, limit_watts=limit,
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
                             w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock)

@@ -153,34 +153,35 @@ def _rack(draw: float, caps: float = 700.0) -> list[DevicePower]:
 
 def test_power_caps_least_critical_first_and_lifts_with_hysteresis() -> None:
     ctl = PowerController(PowerConfig())
-    calm = ctl.step(draw_watts=4000, limit_watts=5000, devices=_rack(350))
+    calm = ctl.step(now=0.0, draw_watts=4000, limit_watts=5000, devices=_rack(350))
     assert calm.reason is PowerReason.HOLD
-    plan = ctl.step(draw_watts=4900, limit_watts=5000, devices=_rack(460))
+    plan = ctl.step(now=1.0, draw_watts=4900, limit_watts=5000, devices=_rack(460))
     assert plan.reason is PowerReason.OVER_TARGET
     capped = [a for a in plan.actions if a.lever is PowerLever.CAP]
     # criticality 0 first, each down to its minimum, before any more critical device
     assert [a.device_uuid for a in capped[:4]] == ["d0", "d2", "d4", "d6"]
     assert all(a.watts == 200.0 for a in capped[:4])
     # deep trouble: caps and clocks are not enough, batch work has to move
-    plan = PowerController(PowerConfig()).step(draw_watts=9000, limit_watts=3000,
+    plan = PowerController(PowerConfig()).step(now=0.0, draw_watts=9000, limit_watts=3000,
                                                devices=_rack(900))  # fmt: skip
     assert plan.reason is PowerReason.MOVE_BATCH and plan.move_batch_watts > 0
     # headroom held for hold_periods lifts caps, most critical first
     lift = PowerController(PowerConfig())
-    plans = [lift.step(draw_watts=2000, limit_watts=5000, devices=_rack(200, caps=300))
-             for _ in range(3)]  # fmt: skip
+    plans = [lift.step(now=float(k), draw_watts=2000, limit_watts=5000,
+                       devices=_rack(200, caps=300)) for k in range(3)]  # fmt: skip
     assert [p.reason for p in plans] == [PowerReason.HOLD, PowerReason.HOLD, PowerReason.HEADROOM]
     assert int(plans[-1].actions[0].device_uuid[1:]) % 2 == 1
     for bad in (None, math.nan, math.inf):
-        assert lift.step(draw_watts=bad, limit_watts=5000, devices=_rack(1)).actions == ()
+        assert lift.step(now=9.0, draw_watts=bad, limit_watts=5000, devices=_rack(1)).actions == ()
 
 
 def test_power_guard_sees_a_ramp_before_the_limit() -> None:
     ctl = PowerController(PowerConfig())
-    reasons = [ctl.step(draw_watts=3000 + 250 * k, limit_watts=5000, devices=_rack(400)).reason
-               for k in range(7)]  # fmt: skip
-    # 4500 W + a 250 W rise > 0.92 * 5000: capping starts before the draw reaches 4600 W
-    assert reasons.index(PowerReason.OVER_TARGET) == 6
+    reasons = [ctl.step(now=float(k), draw_watts=3000 + 250 * k, limit_watts=5000,
+                        devices=_rack(400)).reason for k in range(8)]  # fmt: skip
+    # 4500 W + a 250 W rise > 0.92 * 5000 for a second period: capping starts at 4750 W,
+    # a period before the draw would reach the limit
+    assert reasons.index(PowerReason.OVER_TARGET) == 7
 
 
 def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
@@ -237,13 +238,16 @@ def test_retry_budget_and_circuit_breaker() -> None:
     assert closed is BreakerState.CLOSED and b.allow(now=6.3)
 
 
-def _feedforward(baselines: list[float]) -> list[float]:
+def _feedforward(
+    baselines: list[float], cfg: CapacityConfig | None = None, latency_per_load: float = 0.4
+) -> list[float]:
     """A closed loop on a toy pool: its load is the baseline plus the budget in force."""
-    c = CapacityController(CapacityConfig())
+    c = CapacityController(cfg or CapacityConfig())
     out = []
     for k, b in enumerate(baselines):
         load = b + c.budget
-        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.5 + 0.4 * load, load_ratio=load,
+        latency = 0.5 + latency_per_load * load
+        d = c.step(now=(k + 1) * PERIOD, latency_ratio=latency, load_ratio=load,
                    baseline_ratio=b)  # fmt: skip
         out.append(d.applied)
     return out
@@ -262,3 +266,57 @@ def test_feedforward_tells_a_step_down_from_an_oscillation_trough() -> None:
     # a step up shows at once: the budget falls in the period it is seen
     up = _feedforward([0.45] * 60 + [0.6] * 5)
     assert up[60] < up[59]
+
+
+def test_feedforward_follows_a_ramp_down_without_waiting_out_the_window() -> None:
+    # a pool bound by its batch slots (latency well under the SLO) whose baseline falls from
+    # 0.6 to 0.4 over 600 s, with noise: the budget keeps up with the ramp instead of
+    # trailing the window's busiest reading by 120 s
+    noise = [0.003 * math.sin(1.7 * k) for k in range(120)]
+    ramp = [0.6] * 60 + [0.6 - 0.2 * k / 60 + noise[k] for k in range(60)]
+    budgets = _feedforward(ramp, latency_per_load=0.2)
+    trailing = _feedforward(ramp, CapacityConfig(ramp_fit=1.01), latency_per_load=0.2)
+    gained = [b - t for b, t in zip(budgets[75:], trailing[75:], strict=True)]
+    assert min(gained) >= 0 and sum(gained) / len(gained) > 0.02, gained
+    # never more than 1% past the slots (the router sheds what little queues)
+    assert all(b + r <= 1.01 for b, r in zip(budgets, ramp, strict=True))
+    # a ramp up is never mistaken for one down: the budget only falls
+    up = _feedforward([0.4] * 60 + [0.4 + 0.2 * k / 60 for k in range(60)])
+    assert all(b <= a for a, b in itertools.pairwise(up[61:]))
+
+
+def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
+    ctl = PowerController(PowerConfig())
+    draws = [4300, 4300, 4550, 4350, 4350]  # one 250 W jump: 4550 + 250 > 4600, then calm
+    plans = [
+        ctl.step(now=float(k), draw_watts=w, limit_watts=5000, devices=_rack(400))
+        for k, w in enumerate(draws)
+    ]
+    assert all(not p.actions for p in plans)
+    # a projection past the limit itself sheds at once
+    sharp = PowerController(PowerConfig())
+    sharp.step(now=0.0, draw_watts=4000, limit_watts=5000, devices=_rack(400))
+    assert sharp.step(now=1.0, draw_watts=4550, limit_watts=5000, devices=_rack(400)).actions
+
+
+def test_power_lifts_when_the_room_covers_it_and_leaves_room_for_its_own_rise() -> None:
+    # a rack held near its old target after its feed comes back: 4400 W of a 5780 W limit
+    # is over the release line (0.8) but the room under the target covers a lift
+    ctl = PowerController(PowerConfig())
+    capped = _rack(400, caps=300)
+    plans = [
+        ctl.step(now=float(k), draw_watts=4700, limit_watts=5780, devices=capped) for k in range(3)
+    ]
+    assert plans[-1].reason is PowerReason.HEADROOM
+    lifted = sum(a.watts - 300 for a in plans[-1].actions if a.watts is not None)
+    room = 0.92 * 5780 - 4700
+    assert 0 < lifted <= room / 2 + 1  # half the room: the guard will see the lift's rise
+    # the draw rises by what was lifted: not over the target, so nothing is shed again
+    after = ctl.step(now=3.0, draw_watts=4700 + lifted, limit_watts=5780, devices=capped)
+    assert after.reason is not PowerReason.OVER_TARGET
+    # a trough of an oscillation is not headroom: the lift is sized for the window's peak
+    wave = PowerController(PowerConfig())
+    for k in range(60):
+        draw = 5150 + 150 * math.sin(2 * math.pi * k / 30)
+        plan = wave.step(now=float(k), draw_watts=draw, limit_watts=5780, devices=capped)
+        assert plan.reason is not PowerReason.HEADROOM
