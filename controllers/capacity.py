@@ -81,6 +81,7 @@ class CapacityConfig:
     stabilise_up_s: float = 120.0
     step_down_ratio: float = 0.15  # baseline this far under the window's busiest: a step
     ramp_fit: float = 0.8  # a falling line explaining this share of the window's variance
+    ramp_window_s: float = 300.0  # the readings a ramp down is fitted to
     up_per_s: float = 0.005  # budget may grow by 0.5% of capacity per second at most
     down_per_s: float = math.inf
     stale_after_s: float = 30.0
@@ -171,17 +172,17 @@ class CapacityController:
             # trims what this misses (the latency side, estimation error)
             # sized for the busiest baseline of the stabilisation window: a dip that may
             # come back is not room (a rise shows at once)
-            peak = max((b for _, b in self.baselines), default=baseline_ratio)
+            peak = self._peak(now, default=baseline_ratio)
             if baseline_ratio < peak * (1.0 - c.step_down_ratio):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
                 self.baselines.clear()
                 self.stabiliser.forget()
             self.baselines.append((now, baseline_ratio))
-            while self.baselines and self.baselines[0][0] < now - c.stabilise_up_s:
+            while self.baselines[0][0] < now - max(c.stabilise_up_s, c.ramp_window_s):
                 self.baselines.popleft()
             level = self._baseline_level(now)
-            if level < max(b for _, b in self.baselines):
+            if level < self._peak(now, default=baseline_ratio):
                 self.stabiliser.forget()  # a ramp down: the room it leaves is real now
             room = c.load_setpoint_ratio - level
             pid = replace(pid, bias=min(max(room, 0.0), c.budget_max_ratio))
@@ -207,24 +208,35 @@ class CapacityController:
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
 
+    def _peak(self, now: float, *, default: float) -> float:
+        """The busiest baseline of the stabilisation window."""
+        since = now - self.config.stabilise_up_s
+        return max((b for t, b in self.baselines if t >= since), default=default)
+
     def _baseline_level(self, now: float) -> float:
-        """The baseline the budget is sized for: the window's busiest, or, while the
-        baseline falls steadily (a least-squares line through the window that explains
-        ``ramp_fit`` of its variance, sloping down), that line now plus twice its residual
-        spread: a ramp down is not a dip that comes back."""
-        peak = max(b for _, b in self.baselines)
-        if len(self.baselines) < 6:
+        """The baseline the budget is sized for: the stabilisation window's busiest, or,
+        while the baseline falls steadily, the line it falls on now plus twice the spread
+        about it: a ramp down is not a dip that comes back. Steadily: a least-squares line
+        through a whole ``ramp_window_s`` of readings slopes down and explains ``ramp_fit``
+        of their variance (a window longer than the stabilisation window, so the falling
+        half of a slow oscillation is not taken for a ramp)."""
+        c = self.config
+        peak = self._peak(now, default=self.baselines[-1][1])
+        if self.baselines[0][0] > now - 0.9 * c.ramp_window_s:
+            return peak  # not a whole window of readings yet
+        ramp = [(t, b) for t, b in self.baselines if t >= now - c.ramp_window_s]
+        n = len(ramp)
+        if n < 6:
             return peak
-        n = len(self.baselines)
-        mt = sum(t for t, _ in self.baselines) / n
-        mb = sum(b for _, b in self.baselines) / n
-        stt = sum((t - mt) ** 2 for t, _ in self.baselines)
-        sbb = sum((b - mb) ** 2 for _, b in self.baselines)
+        mt = sum(t for t, _ in ramp) / n
+        mb = sum(b for _, b in ramp) / n
+        stt = sum((t - mt) ** 2 for t, _ in ramp)
+        sbb = sum((b - mb) ** 2 for _, b in ramp)
         if stt <= 0 or sbb <= 0:
             return peak
-        slope = sum((t - mt) * (b - mb) for t, b in self.baselines) / stt
+        slope = sum((t - mt) * (b - mb) for t, b in ramp) / stt
         explained = slope * slope * stt / sbb
-        if slope >= 0 or explained < self.config.ramp_fit:
+        if slope >= 0 or explained < c.ramp_fit:
             return peak
         spread = math.sqrt(max(0.0, (sbb - slope * slope * stt) / (n - 2)))
         return min(peak, mb + slope * (now - mt) + 2.0 * spread)

@@ -274,12 +274,15 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
     worst: dict[str, float | None] = {}
     segments = scn.baseline
     for k, seg in enumerate(segments):
-        before = segments[k - 1] if k else None
-        if seg.kind != "step" or before is None:
+        if seg.kind != "step" or k == 0:
             continue
-        if abs(seg.level - before.level) < 0.2 * max(before.level, 1e-9):
+        before = segments[k - 1]  # where it stood: a ramp's end, an oscillation's middle
+        was = before.to if before.kind == "ramp" and before.to is not None else before.level
+        if abs(seg.level - was) < 0.2 * max(was, 1e-9):
             continue
         end = segments[k + 1].at_s if k + 1 < len(segments) else scn.duration_s
+        # up to the next event too: a breaker or a slowdown is not the step's settling
+        end = min([end, *(e.at_s for e in scn.events if seg.at_s < e.at_s < end)])
         run = [b for t, b in tally.budgets if seg.at_s < t <= end]
         prior = [b for t, b in tally.budgets if t <= seg.at_s]
         if not run or not prior:
@@ -293,7 +296,7 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
             if abs(run[i] - final) > band:
                 break
             settle = i + 1
-        load_up = seg.level > before.level  # the budget must fall to its new level
+        load_up = seg.level > was  # the budget must fall to its new level
         past = max((final - b) if load_up else (b - final) for b in run)
         overshoot = max(0.0, past) / final if final > 0 else 0.0
         suffix = "_after_step" if load_up else "_after_step_down"

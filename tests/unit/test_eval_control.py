@@ -1,4 +1,4 @@
-"""`fleetloop eval control`: the pool plant under three policies, on the shipped scenario."""
+"""`fleetloop eval control`: the pool plant under three policies, on the shipped scenarios."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fleetloop.cli import main
 SCENARIOS = Path(__file__).parents[2] / "scenarios" / "control"
 
 
-@pytest.mark.parametrize("name", ["mix", "shifts"])
+@pytest.mark.parametrize("name", ["mix", "shifts", "holdout"])
 def test_eval_control_reports_every_policy_on_the_same_scenario(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -23,14 +23,17 @@ def test_eval_control_reports_every_policy_on_the_same_scenario(
                 "actions_per_300s_oscillation", "settling_periods_after_step"):  # fmt: skip
         for suffix in ("", "_static", "_hpa"):
             assert isinstance(out[key + suffix], int | float), key + suffix
-    # what the controllers are for, against the two baselines on the same draws
-    assert out["breaker_violations"] == 0 <= out["breaker_violations_static"]
-    assert out["slo_attainment"] >= 0.999  # the target for baseline work
+    # the issue's targets, each scenario
+    assert out["breaker_violations"] == 0
+    assert out["slo_attainment"] >= 0.999
+    assert 0.9 <= out["harvest_vs_oracle"] <= 1
+    assert out["actions_per_300s_oscillation"] <= 1.0
+    for step in ("reaction_periods_after_step", "reaction_periods_after_step_down"):
+        assert out[step] is not None and out[step] <= 2
+    # and better than the two baselines on the same draws
     assert out["slo_attainment"] > out["slo_attainment_static"]
     assert out["harvest_vs_oracle"] > max(out["harvest_vs_oracle_static"],
                                           out["harvest_vs_oracle_hpa"])  # fmt: skip
-    assert out["actions_per_300s_oscillation"] < out["actions_per_300s_oscillation_hpa"]
-    assert 0 < out["harvest_vs_oracle"] <= 1
 
 
 def test_a_bad_control_scenario_is_a_clear_error(tmp_path: Path) -> None:
