@@ -9,16 +9,22 @@ and its devices (draw, cap, cap range, criticality):
 - **shed** when the draw plus guard exceeds ``target_ratio`` of the limit (at
   once when the draw itself does, or the projection passes the limit; after
   two periods in a row otherwise, so one noisy rise is not taken for a
-  trend): caps go down on the least critical devices first (most drawing first among
-  equals), each no lower than its minimum; what caps cannot take, low-clock
-  mode takes; what neither can, deferrable batch work moved to a pool with
-  headroom (:data:`PowerReason.MOVE_BATCH`, sized in watts);
+  trend): caps go down on the least critical devices first (most drawing
+  first among equals), each no lower than its minimum; what caps cannot take,
+  low-clock mode takes; what neither can, the rack's deferrable batch work
+  moved to a pool with headroom (:data:`PowerReason.MOVE_BATCH`);
+- **move batch** when caps or low clocks have held ``move_after_periods``
+  and the rack runs batch work (each device says how many of its watts are
+  batch work's): caps act in milliseconds but slow everything the device
+  serves, baseline included; deferrable work can run elsewhere, and then the
+  caps can come off. It comes back once nothing on the rack is held and the
+  room under the target (below) covers what it drew;
 - **lift** after ``hold_periods`` calm periods: undo in reverse (clocks back
   first, then caps, most critical first). A lift is sized for the busiest draw
   ``B`` and the largest rise ``G`` of the last ``lift_window_s`` (an
-  oscillation's trough is not headroom): with room ``R = target - B - G`` it
-  gives back ``L = min(R, (R + G) / 2)``, so that ``B + L`` plus the guard's
-  next projection, which now sees ``L`` as a rise, stays under the target. A
+  oscillation's trough is not headroom): it gives back the room
+  ``R = target - B - G``. The rise a lift causes in the next two periods is
+  known for ours and kept out of the guard (a trend of the load it is not). A
   period is calm when the projection is under ``release_ratio`` of the limit,
   or when ``R`` covers twice the smallest lift worth an action (a rack held at
   its old target after its feed is repaired must not wait for load to fall).
@@ -44,8 +50,8 @@ from enum import StrEnum
 
 class PowerReason(StrEnum):
     OVER_TARGET = "over_target"  # caps or clocks lowered
-    MOVE_BATCH = "move_batch"  # caps and clocks were not enough: move deferrable work
-    HEADROOM = "headroom"  # caps lifted
+    MOVE_BATCH = "move_batch"  # deferrable work to move off the rack
+    HEADROOM = "headroom"  # caps lifted, or batch work brought back
     HOLD = "hold"
     INVALID_INPUT = "invalid_input"
 
@@ -65,6 +71,7 @@ class DevicePower:
     min_cap_watts: float
     max_cap_watts: float
     low_clock: bool = False
+    batch_watts: float = 0.0  # of its draw, deferrable batch work's
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,8 @@ class PowerPlan:
     actions: tuple[PowerAction, ...]
     reason: PowerReason
     message: str
-    move_batch_watts: float = 0.0
+    move_batch_watts: float = 0.0  # batch work to move off the rack (all of it, if any)
+    return_batch_watts: float = 0.0  # batch work moved off earlier that may come back
     projected_watts: float = math.nan
 
 
@@ -92,6 +100,7 @@ class PowerConfig:
     low_clock_saving_ratio: float = 0.15  # what low-clock mode takes off a device's draw
     lift_step_ratio: float = 0.1  # of a device's cap range: the least lift worth an action
     lift_window_s: float = 120.0  # a lift is sized for the busiest draw of this window
+    move_after_periods: int = 3  # caps held this long on a rack with batch work: move it
 
     def __post_init__(self) -> None:
         if not 0 < self.release_ratio < self.target_ratio <= 1:
@@ -109,6 +118,10 @@ class PowerController:
         self.history: deque[tuple[float, float, float]] = deque()
         self.calm = 0
         self.warned = 0  # periods in a row projected over the target
+        self.held = 0  # periods in a row with a cap or low clock in force
+        self.batch_off_watts = 0.0  # batch work moved off the rack, as it drew then
+        self.pending_watts = 0.0  # given back by a lift and not yet seen in the draw
+        self.pending_periods = 0
 
     def step(
         self,
@@ -123,6 +136,12 @@ class PowerController:
             self.calm = 0
             return PowerPlan((), PowerReason.INVALID_INPUT, "no valid PDU reading: held")
         rise = 0.0 if self.last_draw is None else max(0.0, draw_watts - self.last_draw)
+        # a rise our own lift (or batch brought back) caused is no trend of the load
+        absorbed = min(rise, self.pending_watts)
+        rise, self.pending_watts = rise - absorbed, self.pending_watts - absorbed
+        self.pending_periods -= 1
+        if self.pending_periods <= 0:
+            self.pending_watts = 0.0  # what has not shown by now may never: guard it again
         self.last_draw = draw_watts
         self.history.append((now, draw_watts, rise))
         while self.history[0][0] < now - c.lift_window_s and len(self.history) > c.rise_window:
@@ -141,12 +160,30 @@ class PowerController:
                              f"projected {projected:.0f} W over the target once: watched",
                              projected_watts=projected)  # fmt: skip
         self.warned = 0
-        guard = max(r for _, _, r in self.history)
-        room = target - max(w for _, w, _ in self.history) - guard
+        held = any(d.low_clock or d.cap_watts < d.max_cap_watts - 0.5 for d in devices)
+        self.held = self.held + 1 if held else 0
+        batch = sum(d.batch_watts for d in devices)
+        if self.held >= c.move_after_periods and batch > 0:
+            # caps slow what the rack serves, baseline included; deferrable work can run
+            # where there is headroom instead, so the caps can come off
+            self.held, self.batch_off_watts = 0, self.batch_off_watts + batch
+            return PowerPlan((), PowerReason.MOVE_BATCH,
+                             f"caps held {c.move_after_periods} periods: move {batch:.0f} W "
+                             "of batch work off the rack so they can come off",
+                             move_batch_watts=batch, projected_watts=projected)  # fmt: skip
+        window = [(w, r) for t, w, r in self.history if t >= now - c.lift_window_s]
+        guard = max(r for _, r in window)
+        room = target - max(w for w, _ in window) - guard
         if projected < c.release_ratio * limit_watts or self._lift_fits(room, devices):
             self.calm += 1
+            if self.calm >= c.hold_periods and not held and 0 < self.batch_off_watts <= room:
+                back, self.batch_off_watts, self.calm = self.batch_off_watts, 0.0, 0
+                self._expect(back)
+                return PowerPlan((), PowerReason.HEADROOM,
+                                 f"{room:.0f} W of room: {back:.0f} W of batch work back",
+                                 return_batch_watts=back, projected_watts=projected)  # fmt: skip
             if self.calm >= c.hold_periods:
-                return self._lift(min(room, (room + guard) / 2), projected, devices)
+                return self._lift(room, projected, devices)
         else:
             self.calm = 0
         return PowerPlan((), PowerReason.HOLD, f"{projected:.0f} W of {limit_watts:.0f} W",
@@ -182,6 +219,8 @@ class PowerController:
                 left -= self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
                 actions.append(PowerAction(d.uuid, PowerLever.LOW_CLOCK))
         moved = max(0.0, left)
+        if moved > 0:
+            self.batch_off_watts += sum(d.batch_watts for d in devices)
         reason = PowerReason.MOVE_BATCH if moved > 0 else PowerReason.OVER_TARGET
         return PowerPlan(
             tuple(actions), reason,
@@ -191,8 +230,13 @@ class PowerController:
             move_batch_watts=moved, projected_watts=projected,
         )  # fmt: skip
 
+    def _expect(self, watts: float) -> None:
+        """A rise of up to ``watts`` in the next two periods is ours, not the load's."""
+        self.pending_watts, self.pending_periods = self.pending_watts + max(0.0, watts), 2
+
     def _lift(self, room: float, projected: float, devices: Sequence[DevicePower]) -> PowerPlan:
         actions: list[PowerAction] = []
+        start = room
         order = sorted(devices, key=lambda d: (-d.criticality, -d.draw_watts))
         for d in order:
             if d.low_clock and room > 0:
@@ -210,6 +254,7 @@ class PowerController:
             why = "the lift window's peak leaves no room yet" if held else "nothing capped"
             return PowerPlan((), PowerReason.HOLD, f"headroom, {why}",
                              projected_watts=projected)  # fmt: skip
+        self._expect(start - max(room, 0.0))
         return PowerPlan(tuple(actions), PowerReason.HEADROOM,
                          f"projected {projected:.0f} W: {len(actions)} device(s) lifted",
                          projected_watts=projected)  # fmt: skip

@@ -104,6 +104,7 @@ class ThrottleAction(StrEnum):
     BATCH_SIZE = "batch_size"
     ADMISSION = "admission"
     OPPORTUNISTIC_BUDGET = "opportunistic_budget"
+    MOVE_BATCH = "move_batch"
 
 
 class ClockMode(StrEnum):
@@ -126,6 +127,14 @@ class ThrottleCommand(Command):
     upgrade_ratio: Ratio | None = Field(
         default=None, description="with the budget: share of requests sent to the bigger model"
     )
+    batch_move_ratio: Ratio | None = Field(
+        default=None,
+        description="move_batch: share of the pool's deferrable batch work on the target rack "
+        "placed elsewhere instead (0 brings it back)",
+    )
+    to_pool: Identifier | None = Field(
+        default=None, description="move_batch: the pool with headroom that takes it"
+    )
 
     @model_validator(mode="after")
     def _parameter_for_action(self) -> ThrottleCommand:
@@ -135,9 +144,16 @@ class ThrottleCommand(Command):
             ThrottleAction.BATCH_SIZE: self.batch_size_max,
             ThrottleAction.ADMISSION: self.admission_ratio,
             ThrottleAction.OPPORTUNISTIC_BUDGET: self.opportunistic_budget_ratio,
+            ThrottleAction.MOVE_BATCH: self.batch_move_ratio,
         }[self.action]
         if needed is None:
             raise ValueError(f"throttle action {self.action.value!r} needs its parameter")
+        if self.action is ThrottleAction.MOVE_BATCH and not (
+            self.target.pool and self.target.rack_id
+        ):
+            raise ValueError("move_batch names the pool the work is in and the rack it leaves")
+        if self.action is ThrottleAction.MOVE_BATCH and self.batch_move_ratio and not self.to_pool:
+            raise ValueError("move_batch with a ratio over 0 names the pool that takes the work")
         return self
 
 

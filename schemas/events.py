@@ -158,6 +158,9 @@ class ServingMetrics(Event):
     optional_requests: Count | None = Field(
         default=None, description="of requests, optional (opportunistic) work; None: not known"
     )
+    batch_requests: Count | None = Field(
+        default=None, description="of requests, deferrable batch work; None: not known"
+    )
 
 
 class Demand(Event):

@@ -21,8 +21,10 @@ would ask about: SLO breach, stale or invalid input, the global budget) is a
 :class:`~schemas.verdicts.Decision` with its reason and, for the budget, the
 P, I and D terms; with a signing key it is also a signed
 ``ThrottleCommand`` (budget and batch size to the pool's router, caps and
-clock mode to the device's node). Power that caps and clocks cannot shed is an
-advisory ``move_batch`` decision: there is no batch scheduler to command yet.
+clock mode to the device's node, batch moves to the router of the pool the
+work is in). A rack whose caps hold, or that caps and clocks cannot bring
+under, has its deferrable batch work (serving telemetry's ``batch_requests``)
+moved to the pool with the most headroom, and back once the rack is calm.
 
 ``control.plan`` adapts it to faust. One instance sees every pool and rack
 (serving telemetry is keyed by node, PDU readings by PDU).
@@ -47,7 +49,14 @@ from controllers.capacity import (
     LeverConfig,
     split_levers,
 )
-from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever, PowerReason
+from controllers.power import (
+    DevicePower,
+    PowerConfig,
+    PowerController,
+    PowerLever,
+    PowerPlan,
+    PowerReason,
+)
 from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import ClockMode, Target, ThrottleAction, ThrottleCommand
@@ -92,6 +101,7 @@ class _Pool:
     # per replica: batch, queue, share of its requests that was baseline work, TPOT p95
     replicas: dict[str, tuple[int, int, float, float | None]] = field(default_factory=dict)
     said: CapacityReason | None = None  # the last reason a decision recorded
+    room_replicas: float = 0.0  # headroom at the last close, in replicas' worth of slots
 
 
 @dataclass(slots=True)
@@ -99,6 +109,7 @@ class _Rack:
     power: PowerController
     period: int = -1
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # watts, limit
+    batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
 
 
 @dataclass(slots=True)
@@ -110,6 +121,8 @@ class _Device:
     default_watts: float
     low_clock: bool = False
     baseline_share: float = 1.0  # of what it served lately, the share that was not optional
+    batch_share: float = 0.0  # of what it served lately, the share that was batch work
+    pool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +166,14 @@ class ControlPlanner:
             if m.tpot_p95_s is not None:
                 pool.tpot.setdefault(m.model, []).append((m.tpot_p95_s, max(m.requests, 1)))
             baseline = 1.0
+            device = self.devices.get(m.device_uuid or "")
+            if device is not None:
+                device.pool = m.pool
+                if m.batch_requests is not None and m.requests > 0:
+                    batch = m.batch_requests / m.requests
+                    device.batch_share += 0.2 * (batch - device.batch_share)
             if m.optional_requests is not None and m.requests > 0:
                 baseline = 1.0 - m.optional_requests / m.requests
-                device = self.devices.get(m.device_uuid or "")
                 if device is not None:  # a device busy with optional work is capped first
                     device.baseline_share += 0.2 * (baseline - device.baseline_share)
             pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline, m.tpot_p95_s)
@@ -209,6 +227,7 @@ class ControlPlanner:
             load_ratio=load,
             baseline_ratio=base if replicas else None,
         )
+        pool.room_replicas = max(0.0, w.capacity.load_setpoint_ratio - base) * len(replicas)
         granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
         if pool.capacity.limit(granted):
             d = replace(
@@ -261,7 +280,8 @@ class ControlPlanner:
             now=end.timestamp(), draw_watts=draw, limit_watts=limit,
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
-                            w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock)
+                            w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock,
+                            batch_watts=d.batch_share * d.draw_watts)
                 for u, d in members.items()
             ],
         )  # fmt: skip
@@ -283,14 +303,53 @@ class ControlPlanner:
                 end, rack_id, "power", action, plan.reason.value, plan.message, target,
                 changed=True, extra={"rack_id": rack_id, "applied": a.watts}, params=params,
             ))  # fmt: skip
-        if plan.reason is PowerReason.MOVE_BATCH:
+        if plan.move_batch_watts > 0 or plan.return_batch_watts > 0:
+            out += self._move_batch(end, rack_id, rack, members, plan)
+        return out
+
+    def _move_batch(
+        self, end: datetime, rack_id: str, rack: _Rack, members: dict[str, _Device],
+        plan: PowerPlan,
+    ) -> list[Output]:  # fmt: skip
+        """Batch work off the rack, to the pool with the most headroom (its own pool's
+        other racks, if that is the one); or back, when the plan gives it back."""
+        if plan.return_batch_watts > 0:
+            moves = {src: 0.0 for src in rack.batch_moved}
+            rack.batch_moved = {}
+        else:
+            sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
+            moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}
+        if not moves:
             decision = Decision(
                 decision_id=self.new_id(), decided_at=end, controller="power", target=rack_id,
                 rack_id=rack_id, action="move_batch", outcome=DecisionOutcome.ADVISORY,
-                reason=plan.reason.value, message=plan.message,
-                desired=plan.move_batch_watts,
+                reason=plan.reason.value, desired=plan.move_batch_watts,
+                message=f"{plan.message}; no batch work on the rack to move",
             )  # fmt: skip
-            out.append(Output(decision, None))
+            return [Output(decision, None)]
+        out: list[Output] = []
+        room = {p: pool.room_replicas for p, pool in self.pools.items()}
+        for src, ratio in moves.items():
+            # what it takes where it goes: each device's batch share, in replicas' worth
+            need = sum(d.batch_share for d in members.values() if d.pool == src)
+            to = rack.batch_moved.get(src) or max(
+                room, key=lambda p: (room[p], p == src), default=src
+            )
+            if ratio > 0 and room.get(to, 0.0) < need:
+                continue  # no pool has the headroom for it: it stays, and the caps hold
+            if ratio > 0:
+                rack.batch_moved[src] = to
+                room[to] -= need
+            where = "its other racks" if to == src else to
+            out.append(self._output(
+                end, rack_id, "power", ThrottleAction.MOVE_BATCH, plan.reason.value,
+                f"{plan.message}: {src}'s batch work on {rack_id} "
+                + (f"to {where}" if ratio > 0 else "back"),
+                Target(pool=src, rack_id=rack_id), changed=True,
+                extra={"rack_id": rack_id, "desired": plan.move_batch_watts or None,
+                       "applied": ratio},
+                params={"batch_move_ratio": ratio, "to_pool": to if ratio > 0 else None},
+            ))  # fmt: skip
         return out
 
     def _output(

@@ -45,6 +45,11 @@ class RouterControl(Protocol):
 
     def set_pool_lever(self, pool: str, lever: str, value: float) -> str: ...
 
+    def move_batch(self, pool: str, rack_id: str, ratio: float, to_pool: str | None) -> str:
+        """Place ``ratio`` of ``pool``'s deferrable batch work on ``rack_id`` in
+        ``to_pool`` instead (0: bring it back)."""
+        ...
+
     def table(self) -> dict[str, Any]:
         """The current routing table, as JSON-able data (served to gateways)."""
         ...

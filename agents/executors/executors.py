@@ -13,7 +13,7 @@ Which executor answers a command is a function of the command alone
 - route commands addressed to a device or node: the node executor (what that
   host accepts: de-weight, stop new sessions, drain, quarantine, restore);
 - throttle commands: power cap and clock mode to the node executor; batch
-  size, admission and opportunistic budget to the router.
+  size, admission, opportunistic budget and batch moves to the router.
 """
 
 from __future__ import annotations
@@ -103,6 +103,11 @@ class RouterExecutor:
         pool = command.target.pool
         if pool is None:
             raise PermanentActuatorError("the router executor needs a pool target")
+        if isinstance(command, ThrottleCommand) and command.action is ThrottleAction.MOVE_BATCH:
+            assert command.target.rack_id is not None and command.batch_move_ratio is not None
+            return self.control.move_batch(
+                pool, command.target.rack_id, command.batch_move_ratio, command.to_pool
+            )
         if isinstance(command, ThrottleCommand):
             value = {
                 ThrottleAction.BATCH_SIZE: command.batch_size_max,

@@ -106,6 +106,20 @@ class SimControl:
             raise PermanentActuatorError(f"unknown pool lever {lever!r}")
         return f"{pool} {lever} {value:g}"
 
+    def move_batch(self, pool: str, rack_id: str, ratio: float, to_pool: str | None) -> str:
+        self._check_pool(pool)
+        if not any(r.rack_id == rack_id for r in self.fleet.racks):
+            raise PermanentActuatorError(f"unknown rack {rack_id!r}")
+        moves = self.fleet.batch.moves
+        if ratio <= 0:
+            moves.pop((pool, rack_id), None)
+            return f"{pool} batch work back on {rack_id}"
+        assert to_pool is not None  # the command's contract
+        self._check_pool(to_pool)
+        moves[(pool, rack_id)] = (ratio, to_pool)
+        where = "its other racks" if to_pool == pool else to_pool
+        return f"{ratio:.0%} of {pool}'s batch work on {rack_id} moved to {where}"
+
     def _check_pool(self, pool: str) -> None:
         if not any(d.pool == pool for d in self.fleet.devices.values()):
             pools = sorted({d.pool for d in self.fleet.devices.values()})
@@ -137,6 +151,10 @@ class SimControl:
             "batch_size_max": dict(sorted(r.batch_size_max.items())),
             "opportunistic_budget_ratio": dict(sorted(r.opportunistic_budget_ratio.items())),
             "optional_levers": dict(sorted(r.optional_levers.items())),
+            "batch_moves": {
+                f"{pool}@{rack}": {"ratio": ratio, "to_pool": to}
+                for (pool, rack), (ratio, to) in sorted(f.batch.moves.items())
+            },
             "routes": {
                 m: sorted(v, key=lambda e: e["device_uuid"]) for m, v in sorted(routes.items())
             },

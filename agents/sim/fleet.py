@@ -32,6 +32,7 @@ import math
 import random
 from datetime import datetime, timedelta
 
+from agents.sim.batch import BatchWork
 from agents.sim.demand import DemandSource
 from agents.sim.faults import ActiveFaults, FaultClock
 from agents.sim.hardware import (
@@ -73,6 +74,7 @@ class Fleet:
         demand: DemandSource,
         faults: FaultClock,
         load_ratio: float = 0.55,
+        batch_ratio: float = 0.0,
     ) -> None:
         if start.tzinfo is None:
             raise ValueError("start must be timezone-aware")
@@ -83,6 +85,7 @@ class Fleet:
         self.demand = demand
         self.faults = faults
         self.router = RouterTable()
+        self.batch = BatchWork(ratio=batch_ratio)
         self.nodes: list[Node] = []
         self.racks: list[Rack] = []
         self.devices: dict[str, Device] = {}
@@ -178,6 +181,10 @@ class Fleet:
         active = self.faults.active(t, self)
         self._apply_node_faults(active, t)
         self._route(active, t)
+        self.batch.place(
+            [(d, self._capacity_rps(d)) for d in self.devices.values() if self._runs_batch(d, t)],
+            dt=dt,
+        )
         for dev in self.devices.values():
             self._serve(dev, active, t, dt)
             self._heat(dev, active, dt)
@@ -216,6 +223,21 @@ class Fleet:
         if dev.model is not None:
             dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
 
+    def _runs_batch(self, dev: Device, t: float) -> bool:
+        return (
+            dev.model is not None
+            and dev.serving(t)
+            and not (dev.lost or dev.failed or dev.node.down)
+            and self.host_weight(dev) > 0
+        )
+
+    @staticmethod
+    def _capacity_rps(dev: Device) -> float:
+        """Requests a second at full clocks: what the batch scheduler places by."""
+        assert dev.model is not None
+        m = MODELS[dev.model]
+        return dev.spec.capacity_tokens_per_s(m) / m.generated_tokens
+
     def host_weight(self, dev: Device) -> float:
         if dev.uuid in self.router.ejected:
             return 0.0
@@ -228,6 +250,7 @@ class Fleet:
     def _route(self, active: ActiveFaults, t: float) -> None:
         for dev in self.devices.values():
             dev.offered_rps = dev.rejected = dev.errors = 0.0
+            dev.batch_offered_rps = dev.batch_rps = 0.0
         self.offered.clear()
         self.unserved.clear()
         candidates: dict[tuple[str, str], list[tuple[Device, float]]] = {}
@@ -299,13 +322,17 @@ class Fleet:
         if dev.queue > limit:
             dev.rejected += dev.queue - limit
             dev.queue = limit
-        # optional work goes only where the router sends work at all (not drained, ejected...)
+        # batch, then optional work, only where the router sends work at all (not drained,
+        # ejected...), from what baseline leaves spare: baseline never waits for either
         spare = capacity_rps - served / dt if self.host_weight(dev) > 0 else 0.0
+        dev.batch_rps = min(dev.batch_offered_rps, max(0.0, spare))
+        self.batch.defer(dev.pool, (dev.batch_offered_rps - dev.batch_rps) * dt)
+        spare -= dev.batch_rps
         # the batch at which TPOT reaches the router's target, as a rate (Little's law)
         target = self.router.tpot_target_s
         room = max(0.0, 128 * (target / tpot - 1)) / (m.generated_tokens * target)
         dev.optional_rps = self.router.optional_rps(dev, capacity_rps, spare, room)
-        dev.served_rps = served / dt + dev.optional_rps
+        dev.served_rps = served / dt + dev.batch_rps + dev.optional_rps
         dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
         dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)
         dev.tpot_s = tpot * (1.0 + dev.batch / 128.0)

@@ -118,6 +118,9 @@ class DemandSpec(_Closed):
     )
     load_ratio: Annotated[float, Field(gt=0, le=2)] = 0.55
     period_s: Annotated[float, Field(gt=0)] = 3600.0
+    batch_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="deferrable batch jobs, as a share of each serving replica's capacity"
+    )
 
     @model_validator(mode="after")
     def _path_for_files(self) -> DemandSpec:

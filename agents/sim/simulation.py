@@ -75,6 +75,7 @@ class Simulation:
             demand=build_demand(scenario.demand, seed=spec.seed),
             faults=self.faults,
             load_ratio=scenario.demand.load_ratio,
+            batch_ratio=scenario.demand.batch_ratio,
         )
         self.faults.bind(self.fleet)
         self.telemetry = TelemetryBuilder(self.fleet, seed=spec.seed)

@@ -59,8 +59,10 @@ class Device:
     busy_ratio: float = 0.0
     queue: float = 0.0
     offered_rps: float = 0.0
-    served_rps: float = 0.0  # baseline and optional work
+    served_rps: float = 0.0  # baseline, batch and optional work
     optional_rps: float = 0.0  # of which optional
+    batch_rps: float = 0.0  # of which deferrable batch work
+    batch_offered_rps: float = 0.0  # batch work placed here this step
     rejected: float = 0.0
     errors: float = 0.0
     batch: float = 0.0

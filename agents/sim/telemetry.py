@@ -176,6 +176,7 @@ class TelemetryBuilder:
             requests=requests,
             errors=errors,
             optional_requests=min(requests, self._count(dev.optional_rps * dt)),
+            batch_requests=min(requests, self._count(dev.batch_rps * dt)),
         )
 
     def _pdu(self, rack: Rack, at: datetime) -> PduReading:

@@ -69,6 +69,23 @@ def test_throttle_action_needs_its_parameter(action: ThrottleAction) -> None:
         )
 
 
+def test_a_batch_move_names_its_pool_its_rack_and_where_the_work_goes() -> None:
+    def move(target: Target, **kw: object) -> ThrottleCommand:
+        return ThrottleCommand(
+            command_id=uuid.uuid4(), issued_at=START, expires_at=later(10), issuer="power",
+            reason="move_batch", target=target, action=ThrottleAction.MOVE_BATCH,
+            **kw,
+        )  # fmt: skip
+
+    both = Target(pool="us-east-h100", rack_id="rack-0001")
+    assert move(both, batch_move_ratio=1.0, to_pool="eu-west-h100").to_pool == "eu-west-h100"
+    assert move(both, batch_move_ratio=0.0).to_pool is None  # bringing it back
+    with pytest.raises(ValidationError, match="names the pool that takes"):
+        move(both, batch_move_ratio=0.5)
+    with pytest.raises(ValidationError, match="the rack it leaves"):
+        move(Target(pool="us-east-h100"), batch_move_ratio=1.0, to_pool="eu-west-h100")
+
+
 def test_signature_verifies_and_detects_tampering_and_unknown_keys() -> None:
     keys = {"k1": b"secret-1", "k2": b"secret-2"}
     signed = sign(_route(), key_id="k2", key=keys["k2"])

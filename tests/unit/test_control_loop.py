@@ -4,6 +4,7 @@ signed throttle commands -> executors on the simulated fleet -> the fleet change
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from prometheus_client import CollectorRegistry
 from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
+from agents.sim.state import Device
+from controllers.power import PowerConfig
 from fleetloop.sim import build_host
 from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
@@ -37,18 +40,29 @@ def _feed(planner: ControlPlanner, records: list[tuple[object, object]]) -> list
 
 
 def _run(
-    *, controlled: bool, seconds: int = 600, global_budget: float = float("inf")
+    *,
+    controlled: bool,
+    seconds: int = 600,
+    global_budget: float = float("inf"),
+    batch_ratio: float = 0.0,
+    move_batch: bool = True,
+    each_step: Callable[[Simulation], None] | None = None,
 ) -> tuple[Simulation, list[Output]]:
-    sim = Simulation(load_scenario(SCENARIOS / "pdu-overload.yaml"), start=START)
+    scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
+    demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
+    sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
     host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     planner = ControlPlanner(
         ControlWiring(
-            signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget
+            signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget,
+            power=PowerConfig(move_after_periods=3 if move_batch else 10**9),
         )
-    )
+    )  # fmt: skip
     outputs: list[Output] = []
     for n in range(int(seconds / sim.interval_s)):
         made = _feed(planner, sim.tick(n))  # type: ignore[arg-type]
+        if each_step is not None:
+            each_step(sim)
         outputs += made
         if not controlled:
             continue
@@ -238,3 +252,44 @@ def test_caps_go_first_to_the_device_busiest_with_optional_work() -> None:
     caps = [o.command for o in made if o.command is not None
             and o.command.action is ThrottleAction.POWER_CAP]  # fmt: skip
     assert caps and caps[0].target.device_uuid == b.uuid
+
+
+def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back() -> None:
+    during: list[tuple[float, float, float]] = []  # rack 0's TPOT, its batch rps, moved rps
+
+    def watch(sim: Simulation) -> None:
+        if 150 <= sim.fleet.t_s <= 400:  # the feed is lost from 120 s to 420 s
+            devices = _rack_devices(sim, 0)
+            serving = [d for d in devices if d.served_rps > 0]
+            tpot = sum(d.tpot_s for d in serving) / len(serving)
+            during.append((tpot, sum(d.batch_rps for d in devices), sim.fleet.batch.moved_rps))
+
+    sim, outputs = _run(controlled=True, batch_ratio=0.1, each_step=watch)
+    rack0 = sim.fleet.racks[0].rack_id
+    moves = [o for o in outputs if o.command is not None
+             and o.command.action is ThrottleAction.MOVE_BATCH]  # fmt: skip
+    away = [o for o in moves if o.command and o.command.batch_move_ratio]
+    back = [o for o in moves if o.command and o.command.batch_move_ratio == 0]
+    assert away and back and all(o.command and o.command.to_pool for o in away)
+    assert any(o.command and o.command.target.rack_id == rack0 for o in away)
+    # while the caps hold, the rack runs no batch work and the work runs elsewhere
+    assert all(batch == 0 and moved > 0 for _, batch, moved in during[10:])
+    # after the repair it is back, and nothing is left moved
+    assert not sim.fleet.batch.moves and sum(d.batch_rps for d in _rack_devices(sim, 0)) > 0
+    assert not [c for c in sim.faults.consequences if c["what"] == "breaker_trip"]
+    # against the same run with batch work left where it was: the capped rack serves faster
+    # and less batch work waits at the end
+    kept: list[float] = []
+
+    def watch_kept(s: Simulation) -> None:
+        if 150 <= s.fleet.t_s <= 400:
+            serving = [d for d in _rack_devices(s, 0) if d.served_rps > 0]
+            kept.append(sum(d.tpot_s for d in serving) / len(serving))
+
+    still, _ = _run(controlled=True, batch_ratio=0.1, move_batch=False, each_step=watch_kept)
+    assert sum(t for t, _, _ in during) / len(during) < 0.95 * sum(kept) / len(kept)
+    assert sum(sim.fleet.batch.backlog.values()) < sum(still.fleet.batch.backlog.values())
+
+
+def _rack_devices(sim: Simulation, rack: int) -> list[Device]:
+    return [d for n in sim.fleet.racks[rack].nodes for d in n.devices]

@@ -204,6 +204,20 @@ def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_for
             action=RouteAction.DEWEIGHT,
             weight_ratio=0.5,
         ),
+        _command(
+            ThrottleCommand,
+            target=Target(pool="us-east-h100", rack_id="rack-9999"),
+            action=ThrottleAction.MOVE_BATCH,
+            batch_move_ratio=1.0,
+            to_pool="us-east-a100",
+        ),
+        _command(
+            ThrottleCommand,
+            target=Target(pool="us-east-h100", rack_id="rack-0000"),
+            action=ThrottleAction.MOVE_BATCH,
+            batch_move_ratio=1.0,
+            to_pool="mars-h100",
+        ),
     ]
     for c in bad:
         result = host.handle(c, now=now, received_at=now)
@@ -213,3 +227,26 @@ def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_for
         for c in bad[:1]
     ]
     assert details[0] is not None and details[0].status is ResultStatus.BAD_SIGNATURE
+
+
+def test_the_router_moves_batch_work_off_a_rack_and_back() -> None:
+    sim, host = _host()
+    now = sim.fleet.now
+    away = _command(
+        ThrottleCommand, target=Target(pool="us-east-h100", rack_id="rack-0000"),
+        action=ThrottleAction.MOVE_BATCH, batch_move_ratio=1.0, to_pool="us-east-a100",
+    )  # fmt: skip
+    result = host.handle(away, now=now, received_at=now)
+    assert result is not None and result.status is ResultStatus.APPLIED
+    assert "us-east-a100" in result.detail
+    control = SimControl(sim.fleet)
+    assert control.table()["batch_moves"] == {
+        "us-east-h100@rack-0000": {"ratio": 1.0, "to_pool": "us-east-a100"}
+    }
+    back = _command(
+        ThrottleCommand, target=Target(pool="us-east-h100", rack_id="rack-0000"),
+        action=ThrottleAction.MOVE_BATCH, batch_move_ratio=0.0,
+    )  # fmt: skip
+    result = host.handle(back, now=now, received_at=now)
+    assert result is not None and result.status is ResultStatus.APPLIED
+    assert control.table()["batch_moves"] == {}
