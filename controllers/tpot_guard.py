@@ -1,14 +1,17 @@
 """The TPOT guard: a pool's batch-size target, lowered when TPOT rises, raised with hysteresis.
 
 A bigger batch gives more tokens per second and a slower token for each
-sequence. Per pool, once per period, from the TPOT p95 against its SLO:
+sequence. Per pool, once per period, from the TPOT p95 against its SLO, as a
+trend: the median of the last ``trend_window`` periods (a one-period sensor
+spike moves nothing; a step does by the second period):
 
 - above ``high_ratio`` of the SLO: the target drops to ``decrease_factor`` of
   itself (multiplicative: fast), at most once per ``cooldown_periods``, but
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
   cost throughput for nothing (``not_batch_bound``);
-- below ``low_ratio`` for ``hold_periods`` periods in a row: it rises by
+- below ``low_ratio`` for ``hold_periods`` periods in a row (each reading,
+  not the trend: raising is the risky direction): it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
@@ -21,8 +24,10 @@ Example::
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
+from statistics import median
 
 
 class BatchReason(StrEnum):
@@ -43,6 +48,7 @@ class TpotGuardConfig:
     increase_step: int = 16
     hold_periods: int = 3
     cooldown_periods: int = 1
+    trend_window: int = 3
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -51,6 +57,8 @@ class TpotGuardConfig:
             raise ValueError("0 < low_ratio < high_ratio: the gap is the hysteresis")
         if not 0 < self.decrease_factor < 1 or self.increase_step < 1:
             raise ValueError("decrease_factor in (0, 1), increase_step >= 1")
+        if self.trend_window < 1:
+            raise ValueError("trend_window >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,7 @@ class TpotGuard:
         self.target = config.max_batch
         self.low_streak = 0
         self.since_cut = config.cooldown_periods
+        self.recent: deque[float] = deque(maxlen=config.trend_window)
 
     def step(
         self, *, tpot_p95_s: float | None, slo_s: float, batch_in_use: int | None = None
@@ -81,7 +90,9 @@ class TpotGuard:
             self.low_streak = 0
             return BatchDecision(before, before, BatchReason.INVALID_INPUT, "no TPOT: held")
         ratio = tpot_p95_s / slo_s
-        if ratio > c.high_ratio:
+        self.recent.append(ratio)
+        if median(self.recent) > c.high_ratio:
+            ratio = median(self.recent)
             self.low_streak = 0
             cut = max(c.min_batch, math.floor(self.target * c.decrease_factor))
             if batch_in_use is not None and batch_in_use <= cut:

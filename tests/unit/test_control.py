@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -348,3 +350,89 @@ def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() 
     back = [ctl.step(now=200.0 + k, draw_watts=3000, limit_watts=5000, devices=rack(700, 0))
             for k in range(3)]  # fmt: skip
     assert back[-1].reason is PowerReason.HEADROOM and back[-1].return_batch_watts == 400.0
+
+
+def _guard_targets(ratios: list[float | None], batch_in_use: int = 250) -> list[int]:
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    return [g.step(tpot_p95_s=None if r is None else r * 0.06, slo_s=0.06,
+                   batch_in_use=batch_in_use).target for r in ratios]  # fmt: skip
+
+
+# the TPOT guard's table: (name, TPOT over the SLO per period, what must hold of the targets)
+GUARD_SCENARIOS = [
+    ("step over the SLO cuts by the second period", [0.6] * 5 + [1.2] * 3,
+     lambda t: t[4] == 256 and t[6] == 204),
+    ("ramp cuts only once the trend passes 0.95", [0.5 + 0.5 * k / 30 for k in range(31)],
+     lambda t: t[26] == 256 and t[-1] < 256),
+    ("+-5% oscillation in the band: never an action",
+     [0.85 * (1 + 0.05 * math.sin(k)) for k in range(60)], lambda t: set(t) == {256}),
+    ("stale readings hold", [0.6] * 3 + [None] * 10, lambda t: set(t) == {256}),
+    ("NaN and inf hold", [0.6] * 3 + [math.nan, math.inf] * 3, lambda t: set(t) == {256}),
+    ("a one-period spike changes nothing", [0.6] * 5 + [3.0] + [0.6] * 5,
+     lambda t: set(t) == {256}),
+]  # fmt: skip
+
+
+def _power_plans(draws: list[float | None], limit: float = 5000.0) -> list[PowerReason]:
+    ctl = PowerController(PowerConfig())
+    return [ctl.step(now=float(k), draw_watts=w, limit_watts=limit, devices=_rack(400)).reason
+            for k, w in enumerate(draws)]  # fmt: skip
+
+
+# the power controller's table: (name, rack draw per period, what must hold of the reasons)
+POWER_SCENARIOS = [
+    ("step over the target sheds at once", [4000.0] * 5 + [4700.0],
+     lambda r: r[-1] is PowerReason.OVER_TARGET),
+    ("ramp is shed before the limit", [3000.0 + 250 * k for k in range(9)],
+     lambda r: PowerReason.OVER_TARGET in r[:8]),
+    ("+-5% oscillation under the target: never an action",
+     [4000 * (1 + 0.05 * math.sin(k)) for k in range(60)],
+     lambda r: set(r) == {PowerReason.HOLD}),
+    ("stale readings hold", [4000.0] * 3 + [None] * 5,
+     lambda r: set(r[3:]) == {PowerReason.INVALID_INPUT}),
+    ("NaN and inf hold", [4000.0] * 3 + [math.nan, math.inf],
+     lambda r: set(r[3:]) == {PowerReason.INVALID_INPUT}),
+    ("a one-period spike under the limit is watched, not shed",
+     [4000.0] * 5 + [4400.0] + [4000.0] * 5, lambda r: PowerReason.OVER_TARGET not in r),
+]  # fmt: skip
+
+
+def _shed(delays: list[float]) -> list[Admission]:
+    shed = LoadShedder(ShedConfig())
+    return [shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=d) for d in delays]
+
+
+# the local shedder's table: (name, queue delay per admission, what must hold of the verdicts)
+SHED_SCENARIOS = [
+    ("step in queue delay drops at once", [0.05] * 5 + [0.8],
+     lambda v: v[-1] is Admission.DROP and set(v[:5]) == {Admission.ADMIT}),
+    ("ramp degrades before it drops", [0.05 * k for k in range(15)],
+     lambda v: v.index(Admission.DEGRADE) < v.index(Admission.DROP)),
+    ("+-5% oscillation on a threshold does not flap",
+     [0.2 * (1 + 0.05 * math.sin(k)) for k in range(60)],
+     lambda v: sum(a != b for a, b in itertools.pairwise(v)) <= 1),
+    ("NaN and inf shed (no delay known is no room known)", [math.nan, math.inf],
+     lambda v: set(v) == {Admission.DROP}),
+    ("a one-admission spike recovers once the delay is low", [0.05, 0.8, 0.05],
+     lambda v: v[-1] is Admission.ADMIT),
+]  # fmt: skip
+
+
+RUNNERS: dict[str, Callable[[list[Any]], list[Any]]] = {
+    "tpot_guard": _guard_targets,
+    "power": _power_plans,
+    "shedder": _shed,
+}
+TABLES = [
+    (controller, *row)
+    for controller, table in (("tpot_guard", GUARD_SCENARIOS), ("power", POWER_SCENARIOS),
+                              ("shedder", SHED_SCENARIOS))
+    for row in table
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("controller", "name", "inputs", "check"), TABLES,
+                         ids=[f"{t[0]}: {t[1]}" for t in TABLES])  # fmt: skip
+def test_controller_scenarios(controller: str, name: str, inputs: list[Any], check: object) -> None:
+    outputs = RUNNERS[controller](inputs)
+    assert callable(check) and check(outputs), outputs
