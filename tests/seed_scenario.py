@@ -29,7 +29,16 @@ from fleetloop.sim import build_host
 from models.health import HealthDetector
 from schemas.base import Contract
 from schemas.codec import encode
-from schemas.commands import Command, RouteAction, RouteCommand, Target, WarmAction, WarmCommand
+from schemas.commands import (
+    Command,
+    RouteAction,
+    RouteCommand,
+    Target,
+    ThrottleAction,
+    ThrottleCommand,
+    WarmAction,
+    WarmCommand,
+)
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
 from schemas.topics import (
     ACCELERATOR,
@@ -38,6 +47,7 @@ from schemas.topics import (
     FORECASTS,
     ROUTE_COMMANDS,
     SERVING,
+    THROTTLE_COMMANDS,
     VERDICTS,
     WARM_COMMANDS,
     TopicSpec,
@@ -166,6 +176,20 @@ def seed(store: ClickHouseStore) -> Seeded:
             )
             for c in (out.quarantine, out.quarantine, out.forged):
                 command(ROUTE_COMMANDS, c)
+        if n in (40, 90):
+            # rack-0001's feed degrades from t=30 s: its A100 pool's batch work goes to the
+            # H100 pool, then comes back
+            ratio = 1.0 if n == 40 else 0.0
+            move = signed_command(
+                ThrottleCommand,
+                issued_at=sim.now,
+                target=Target(pool="us-east-a100", rack_id="rack-0001"),
+                action=ThrottleAction.MOVE_BATCH,
+                batch_move_ratio=ratio,
+                to_pool="us-east-h100" if ratio else None,
+                reason="move_batch" if ratio else "headroom",
+            )
+            command(THROTTLE_COMMANDS, move)
         for spec, value in sim.tick(n):
             add(spec, value)
             if isinstance(value, AcceleratorTelemetry | NodeHealth | ServingMetrics):

@@ -162,8 +162,10 @@ def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) ->
         ("RouteCommand", "node-executor", "duplicate"),
         ("RouteCommand", "node-executor", "bad_signature"),
         ("WarmCommand", "warmer", "applied"),
+        ("ThrottleCommand", "router-executor", "applied"),  # a batch move and its return
     }
-    assert all(r["results"] == 1 and r["result_max_s"] >= 0 for r in latency.values())
+    assert all(r["result_max_s"] >= 0 for r in latency.values())
+    assert [r["results"] for k, r in sorted(latency.items())] == [1, 1, 1, 2, 1]
     quarantine = latency[("RouteCommand", "node-executor", "applied")]
     assert quarantine["with_cause"] == 1
     # the double-bit fault was observed at t=50 s; the quarantine was issued and applied at 60 s
@@ -184,6 +186,17 @@ def test_command_latency_and_outcomes(seeded: tuple[ClickHouseStore, Seeded]) ->
     assert outcomes[("quarantine", "double_bit_ecc", "applied")] == 2  # two messages, one command
     assert outcomes[("drain", "forged", "bad_signature")] == 1
     assert outcomes[("warm", "cold_model_demand", "applied")] == 1
+
+
+def test_batch_moves(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    rows = ask(seeded[0], "batch_moves")
+    assert len(rows) == 1
+    move = rows[0]
+    assert (move["rack_id"], move["pool"], move["to_pool"]) == (
+        "rack-0001", "us-east-a100", "us-east-h100",
+    )  # fmt: skip
+    assert move["moves"] == 1 and move["last_status"] == "applied"
+    assert move["back_at"] is not None and move["away_s"] == pytest.approx(50.0, abs=1.0)
 
 
 def test_dead_letters_by_topic_and_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
