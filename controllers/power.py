@@ -163,10 +163,11 @@ class PowerController:
         held = any(d.low_clock or d.cap_watts < d.max_cap_watts - 0.5 for d in devices)
         self.held = self.held + 1 if held else 0
         batch = sum(d.batch_watts for d in devices)
-        if self.held >= c.move_after_periods and batch > 0:
+        if self.held >= c.move_after_periods and batch > 0 and not self.batch_off_watts:
             # caps slow what the rack serves, baseline included; deferrable work can run
-            # where there is headroom instead, so the caps can come off
-            self.held, self.batch_off_watts = 0, self.batch_off_watts + batch
+            # where there is headroom instead, so the caps can come off (once: what is
+            # moved stays away until it is brought back)
+            self.held, self.batch_off_watts = 0, batch
             return PowerPlan((), PowerReason.MOVE_BATCH,
                              f"caps held {c.move_after_periods} periods: move {batch:.0f} W "
                              "of batch work off the rack so they can come off",
@@ -220,7 +221,7 @@ class PowerController:
                 actions.append(PowerAction(d.uuid, PowerLever.LOW_CLOCK))
         moved = max(0.0, left)
         if moved > 0:
-            self.batch_off_watts += sum(d.batch_watts for d in devices)
+            self.batch_off_watts = max(self.batch_off_watts, sum(d.batch_watts for d in devices))
         reason = PowerReason.MOVE_BATCH if moved > 0 else PowerReason.OVER_TARGET
         return PowerPlan(
             tuple(actions), reason,

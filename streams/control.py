@@ -316,6 +316,8 @@ class ControlPlanner:
         if plan.return_batch_watts > 0:
             moves = {src: 0.0 for src in rack.batch_moved}
             rack.batch_moved = {}
+            if not moves:
+                return []  # nothing of this rack's is away
         else:
             sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
             moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}

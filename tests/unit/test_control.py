@@ -339,6 +339,10 @@ def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() 
             for k in range(3)]  # fmt: skip
     assert [p.reason for p in held][-1] is PowerReason.MOVE_BATCH
     assert held[-1].move_batch_watts == 400.0 and not held[-1].actions
+    # moved once: while it is away, caps that still hold do not move it again
+    still = [ctl.step(now=3.0 + k, draw_watts=4550, limit_watts=5000, devices=rack(350, 20))
+             for k in range(6)]  # fmt: skip
+    assert PowerReason.MOVE_BATCH not in [p.reason for p in still]
     # a rack with no batch work has nothing to move: the caps just hold
     bare = PowerController(PowerConfig())
     assert all(
