@@ -182,9 +182,11 @@ class RouterTable:
         """Optional work this replica serves now: the pool's budget share of its room (the
         rate it can serve with TPOT at ``tpot_target_s``), degraded (halved) or dropped by
         its shedder as its queue grows, and never more than what baseline work leaves spare
-        (baseline never waits for it)."""
+        (baseline never waits for it); none on a device a power cap holds down."""
         budget = self.opportunistic_budget_ratio.get(dev.pool, 0.0)
-        if budget <= 0 or capacity_rps <= 0 or room_rps <= 0:
+        if budget <= 0 or capacity_rps <= 0 or room_rps <= 0 or dev.cap_clock < 1.0:
+            # a device its power cap holds down has no spare: the watts optional work would
+            # draw come out of the clock baseline work runs at
             return 0.0
         shedder = self.shedders.get(dev.uuid)
         if shedder is None:
