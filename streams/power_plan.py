@@ -1,0 +1,195 @@
+"""The control role's power side: each rack's power controller and its batch moves.
+
+Per rack, once per control period of event time, from PDU readings (the phases
+summed) and accelerator telemetry (each device's draw and power limit), its
+:class:`~controllers.power.PowerController` caps or lifts devices, those
+busiest with optional work first (criticality is the share of a device's
+recent requests that were baseline work, from serving telemetry). A rack whose
+caps hold, or that caps and clocks cannot bring under, has its deferrable batch
+work (serving telemetry's ``batch_requests``) moved to the pool with the most
+headroom, and back once the rack is calm: a ``move_batch`` command to the
+router of the pool the work is in.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controllers.power import (
+    DevicePower,
+    PowerController,
+    PowerLever,
+    PowerPlan,
+    PowerReason,
+)
+from schemas.commands import ClockMode, Target, ThrottleAction
+from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+from schemas.verdicts import Decision, DecisionOutcome
+from streams.throttle import ControlWiring, Output, ThrottleIssuer
+
+
+@dataclass(slots=True)
+class _Rack:
+    power: PowerController
+    period: int = -1
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # watts, limit
+    batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
+
+
+@dataclass(slots=True)
+class _Device:
+    node_id: str
+    rack_id: str
+    draw_watts: float
+    cap_watts: float
+    default_watts: float
+    low_clock: bool = False
+    baseline_share: float = 1.0  # of what it served lately, the share that was not optional
+    batch_share: float = 0.0  # of what it served lately, the share that was batch work
+    pool: str | None = None
+
+
+class RackPlanner(ThrottleIssuer):
+    """See the module docstring. ``rooms`` says each pool's headroom, in replicas' worth,
+    at its last close (where batch work may go)."""
+
+    def __init__(
+        self,
+        w: ControlWiring,
+        *,
+        rooms: Callable[[], dict[str, float]],
+        new_id: Callable[[], uuid.UUID] = uuid.uuid4,
+    ) -> None:
+        super().__init__(w, new_id=new_id)
+        self.rooms = rooms
+        self.racks: dict[str, _Rack] = {}
+        self.devices: dict[str, _Device] = {}
+        # rack -> its devices, in the order first seen (a rack's close reads its own)
+        self.rack_devices: dict[str, list[str]] = {}
+
+    def serving(self, m: ServingMetrics) -> None:
+        """What a device served: its pool, and its shares of batch and baseline work."""
+        device = self.devices.get(m.device_uuid or "")
+        if device is None:
+            return
+        device.pool = m.pool
+        if m.requests <= 0:
+            return
+        if m.batch_requests is not None:
+            device.batch_share += 0.2 * (m.batch_requests / m.requests - device.batch_share)
+        if m.optional_requests is not None:  # a device busy with optional work is capped first
+            baseline = 1.0 - m.optional_requests / m.requests
+            device.baseline_share += 0.2 * (baseline - device.baseline_share)
+
+    def accelerator(self, t: AcceleratorTelemetry) -> None:
+        if t.power_usage_watts is None or t.power_limit_watts is None:
+            return
+        d = self.devices.get(t.device_uuid)
+        if d is None:
+            self.rack_devices.setdefault(t.rack_id, []).append(t.device_uuid)
+            d = self.devices[t.device_uuid] = _Device(
+                t.node_id, t.rack_id, t.power_usage_watts, t.power_limit_watts,
+                t.power_limit_watts,
+            )  # fmt: skip
+        d.draw_watts, d.cap_watts = t.power_usage_watts, t.power_limit_watts
+        d.default_watts = max(d.default_watts, t.power_limit_watts)
+
+    def pdu(self, r: PduReading) -> list[Output]:
+        rack = self.racks.get(r.rack_id)
+        if rack is None:
+            rack = self.racks[r.rack_id] = _Rack(PowerController(self.w.power))
+        period, out = self._period(r.observed_at), []
+        if period > rack.period >= 0:
+            out = self._close_rack(r.rack_id, rack)
+        if period >= rack.period:
+            rack.period = period
+            rack.phases[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
+        return out
+
+    def _close_rack(self, rack_id: str, rack: _Rack) -> list[Output]:
+        w, end = self.w, self._end(rack.period)
+        draw = sum(p for p, _ in rack.phases.values()) if rack.phases else None
+        limit = sum(lim for _, lim in rack.phases.values())
+        rack.phases = {}
+        members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
+        plan = rack.power.step(
+            now=end.timestamp(), draw_watts=draw, limit_watts=limit,
+            devices=[
+                DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
+                            w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock,
+                            batch_watts=d.batch_share * d.draw_watts)
+                for u, d in members.items()
+            ],
+        )  # fmt: skip
+        if plan.reason in (PowerReason.HOLD, PowerReason.INVALID_INPUT) and not plan.actions:
+            return []
+        out = []
+        for a in plan.actions:
+            d = members[a.device_uuid]
+            target = Target(node_id=d.node_id, device_uuid=a.device_uuid, rack_id=rack_id)
+            if a.lever is PowerLever.CAP and a.watts is not None:
+                d.cap_watts = a.watts
+                params: dict[str, Any] = {"power_limit_watts": a.watts}
+                action = ThrottleAction.POWER_CAP
+            else:
+                d.low_clock = a.lever is PowerLever.LOW_CLOCK
+                params = {"clock_mode": ClockMode.LOW if d.low_clock else ClockMode.DEFAULT}
+                action = ThrottleAction.CLOCK_MODE
+            out.append(self._output(
+                end, rack_id, "power", action, plan.reason.value, plan.message, target,
+                changed=True, extra={"rack_id": rack_id, "applied": a.watts}, params=params,
+            ))  # fmt: skip
+        if plan.move_batch_watts > 0 or plan.return_batch_watts > 0:
+            out += self._move_batch(end, rack_id, rack, members, plan)
+        return out
+
+    def _move_batch(
+        self, end: datetime, rack_id: str, rack: _Rack, members: dict[str, _Device],
+        plan: PowerPlan,
+    ) -> list[Output]:  # fmt: skip
+        """Batch work off the rack, to the pool with the most headroom (its own pool's
+        other racks, if that is the one); or back, when the plan gives it back."""
+        if plan.return_batch_watts > 0:
+            moves = {src: 0.0 for src in rack.batch_moved}
+            rack.batch_moved = {}
+            if not moves:
+                return []  # nothing of this rack's is away
+        else:
+            sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
+            moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}
+        if not moves:
+            decision = Decision(
+                decision_id=self.new_id(), decided_at=end, controller="power", target=rack_id,
+                rack_id=rack_id, action="move_batch", outcome=DecisionOutcome.ADVISORY,
+                reason=plan.reason.value, desired=plan.move_batch_watts,
+                message=f"{plan.message}; no batch work on the rack to move",
+            )  # fmt: skip
+            return [Output(decision, None)]
+        out: list[Output] = []
+        room = dict(self.rooms())
+        for src, ratio in moves.items():
+            # what it takes where it goes: each device's batch share, in replicas' worth
+            need = sum(d.batch_share for d in members.values() if d.pool == src)
+            to = rack.batch_moved.get(src) or max(
+                room, key=lambda p: (room[p], p == src), default=src
+            )
+            if ratio > 0 and room.get(to, 0.0) < need:
+                continue  # no pool has the headroom for it: it stays, and the caps hold
+            if ratio > 0:
+                rack.batch_moved[src] = to
+                room[to] -= need
+            where = "its other racks" if to == src else to
+            out.append(self._output(
+                end, rack_id, "power", ThrottleAction.MOVE_BATCH, plan.reason.value,
+                f"{plan.message}: {src}'s batch work on {rack_id} "
+                + (f"to {where}" if ratio > 0 else "back"),
+                Target(pool=src, rack_id=rack_id), changed=True,
+                extra={"rack_id": rack_id, "desired": plan.move_batch_watts or None,
+                       "applied": ratio},
+                params={"batch_move_ratio": ratio, "to_pool": to if ratio > 0 else None},
+            ))  # fmt: skip
+        return out

@@ -1,0 +1,81 @@
+"""The control role's wiring, and how its controllers' decisions become throttle commands.
+
+Shared by the capacity side (:mod:`streams.control`) and the power side
+(:mod:`streams.power_plan`): both step once per ``period_s`` of event time and
+turn what changed into a :class:`~schemas.verdicts.Decision` and, with a
+signing key, a signed ``ThrottleCommand`` (:meth:`ThrottleIssuer.output`).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controllers.capacity import CapacityConfig, LeverConfig
+from controllers.power import PowerConfig
+from controllers.tpot_guard import TpotGuardConfig
+from schemas.commands import Target, ThrottleAction, ThrottleCommand
+from schemas.verdicts import Decision, DecisionOutcome
+from streams.issuing import IssuerWiring, issue
+
+
+@dataclass(frozen=True, slots=True)
+class ControlWiring(IssuerWiring):
+    issuer: str = "control"
+    command_ttl_s: float = 30.0
+    period_s: float = 10.0
+    tpot_slo_s: float = 0.08
+    global_budget_devices: float = math.inf  # optional work the whole fleet may run at once
+    min_cap_ratio: float = 0.4  # lowest cap asked for, as a share of the device's default
+    # decode time per token grows with the batch as (1 + batch / tpot_doubling_batch): what
+    # turns a replica's TPOT and batch into the batch it can run within the SLO
+    tpot_doubling_batch: float = 128.0
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    levers: LeverConfig = field(default_factory=LeverConfig)
+    tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    decision: Decision
+    command: ThrottleCommand | None
+
+
+class ThrottleIssuer:
+    """Periods of event time, and decisions with their throttle commands."""
+
+    def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
+        self.w = w
+        self.new_id = new_id
+
+    def _period(self, at: datetime) -> int:
+        return int(at.timestamp() // self.w.period_s)
+
+    def _end(self, period: int) -> datetime:
+        return datetime.fromtimestamp((period + 1) * self.w.period_s, UTC)
+
+    def _output(
+        self, at: datetime, target_name: str, controller: str, action: ThrottleAction,
+        reason: str, message: str, target: Target, *, changed: bool, extra: dict[str, Any],
+        params: dict[str, Any],
+    ) -> Output:  # fmt: skip
+        decision_id = self.new_id()
+        command = None
+        if changed:
+            command = issue(
+                ThrottleCommand, self.w, at=at, decision_id=decision_id, new_id=self.new_id,
+                target=target, reason=reason, message=message[:1024], action=action, **params,
+            )  # fmt: skip
+        outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
+        decision = Decision(
+            decision_id=decision_id, decided_at=at, controller=controller, target=target_name,
+            pool=target.pool, action=action.value, outcome=outcome, reason=reason,
+            message=message[:1024], command_id=None if command is None else command.command_id,
+            **extra,
+        )  # fmt: skip
+        return Output(decision, command)
