@@ -190,6 +190,12 @@ class PowerController:
         return PowerPlan((), PowerReason.HOLD, f"{projected:.0f} W of {limit_watts:.0f} W",
                          projected_watts=projected)  # fmt: skip
 
+    def batch_stayed(self) -> None:
+        """The batch work a plan asked to move had nowhere to go: it is still on the rack,
+        and the next time the caps have held ``move_after_periods`` the move is asked for
+        again."""
+        self.batch_off_watts, self.held = 0.0, 0
+
     def _lift_fits(self, room: float, devices: Sequence[DevicePower]) -> bool:
         """Whether ``room`` covers twice the smallest lift worth an action."""
         steps = [

@@ -168,6 +168,8 @@ class RackPlanner(ThrottleIssuer):
                 reason=plan.reason.value, desired=plan.move_batch_watts,
                 message=f"{plan.message}; no batch work on the rack to move",
             )  # fmt: skip
+            if plan.move_batch_watts > 0 and not rack.batch_moved:
+                rack.power.batch_stayed()
             return [Output(decision, None)]
         out: list[Output] = []
         room = dict(self.rooms())
@@ -178,7 +180,17 @@ class RackPlanner(ThrottleIssuer):
                 room, key=lambda p: (room[p], p == src), default=src
             )
             if ratio > 0 and room.get(to, 0.0) < need:
-                continue  # no pool has the headroom for it: it stays, and the caps hold
+                # no pool has the headroom for it: it stays, the caps hold, and the
+                # controller asks again once they have held long enough
+                out.append(Output(Decision(
+                    decision_id=self.new_id(), decided_at=end, controller="power",
+                    target=rack_id, rack_id=rack_id, pool=src, action="move_batch",
+                    outcome=DecisionOutcome.ADVISORY, reason=plan.reason.value,
+                    desired=need, applied=0.0,
+                    message=f"{plan.message}; {src}'s batch work ({need:.1f} replicas' "
+                    f"worth) stays: the most room any pool has is {room.get(to, 0.0):.1f}",
+                ), None))  # fmt: skip
+                continue
             if ratio > 0:
                 rack.batch_moved[src] = to
                 room[to] -= need
@@ -192,4 +204,6 @@ class RackPlanner(ThrottleIssuer):
                        "applied": ratio},
                 params={"batch_move_ratio": ratio, "to_pool": to if ratio > 0 else None},
             ))  # fmt: skip
+        if plan.move_batch_watts > 0 and not rack.batch_moved:
+            rack.power.batch_stayed()
         return out

@@ -3,6 +3,7 @@ signed throttle commands -> executors on the simulated fleet -> the fleet change
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,6 +22,7 @@ from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import DecisionOutcome
 from streams.control import ControlPlanner, ControlWiring, Output
+from streams.power_plan import RackPlanner
 from tests.factories import COMMAND_KEYS, START
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"
@@ -293,3 +295,29 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
 
 def _rack_devices(sim: Simulation, rack: int) -> list[Device]:
     return [d for n in sim.fleet.racks[rack].nodes for d in n.devices]
+
+
+def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() -> None:
+    scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
+    demand = scenario.demand.model_copy(update={"batch_ratio": 0.1})
+    sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
+    wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
+    racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
+    made: list[Output] = []
+    for n in range(int(300 / sim.interval_s)):
+        for _, event in sim.tick(n):
+            if isinstance(event, AcceleratorTelemetry):
+                racks.accelerator(event)
+            elif isinstance(event, ServingMetrics):
+                racks.serving(event)
+            elif isinstance(event, PduReading):
+                made += racks.pdu(event)
+    moves = [o for o in made if o.decision.action == "move_batch"]
+    assert moves and all(o.command is None for o in moves)  # nothing is sent anywhere
+    stays = [o.decision for o in moves if "stays" in o.decision.message]
+    assert stays and all(d.outcome is DecisionOutcome.ADVISORY for d in stays)
+    # asked again while the caps hold, but not every period: once they have held again
+    rack0 = sim.fleet.racks[0].rack_id
+    times = sorted({d.decided_at for d in stays if d.rack_id == rack0})
+    assert len(times) >= 2
+    assert all((b - a).total_seconds() >= 3 * 2.0 for a, b in itertools.pairwise(times))
