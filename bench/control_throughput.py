@@ -46,17 +46,6 @@ def _events(nodes: int, steps: int) -> tuple[list[tuple[type[Contract], bytes]],
     return out, len(sim.fleet.devices), sim.interval_s
 
 
-def _feed(planner: ControlPlanner, value: Contract) -> int:
-    if isinstance(value, ServingMetrics):
-        return len(planner.serving(value))
-    if isinstance(value, AcceleratorTelemetry):
-        planner.accelerator(value)
-        return 0
-    if isinstance(value, PduReading):
-        return len(planner.pdu(value))
-    return 0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
@@ -78,14 +67,14 @@ def main() -> None:
         planner = ControlPlanner(wiring)
         started = time.perf_counter()
         for value in decoded:
-            _feed(planner, value)
+            planner.feed(value)
         return time.perf_counter() - started
 
     def both() -> float:
         planner = ControlPlanner(wiring)
         started = time.perf_counter()
         for kind, raw in events:
-            _feed(planner, decode(raw, kind))
+            planner.feed(decode(raw, kind))
         return time.perf_counter() - started
 
     n = len(events)

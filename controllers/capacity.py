@@ -181,8 +181,10 @@ class CapacityController:
             self.baselines.append((now, baseline_ratio))
             while self.baselines[0][0] < now - max(c.stabilise_up_s, c.ramp_window_s):
                 self.baselines.popleft()
-            level = self._baseline_level(now)
-            if level < self._peak(now, default=baseline_ratio):
+            level = self._peak(now, default=baseline_ratio)
+            ramp = self._ramp_level(now)
+            if ramp is not None and ramp < level:
+                level = ramp
                 self.stabiliser.forget()  # a ramp down: the room it leaves is real now
             room = c.load_setpoint_ratio - level
             pid = replace(pid, bias=min(max(room, 0.0), c.budget_max_ratio))
@@ -213,33 +215,30 @@ class CapacityController:
         since = now - self.config.stabilise_up_s
         return max((b for t, b in self.baselines if t >= since), default=default)
 
-    def _baseline_level(self, now: float) -> float:
-        """The baseline the budget is sized for: the stabilisation window's busiest, or,
-        while the baseline falls steadily, the line it falls on now plus twice the spread
-        about it: a ramp down is not a dip that comes back. Steadily: a least-squares line
-        through a whole ``ramp_window_s`` of readings slopes down and explains ``ramp_fit``
-        of their variance (a window longer than the stabilisation window, so the falling
-        half of a slow oscillation is not taken for a ramp)."""
+    def _ramp_level(self, now: float) -> float | None:
+        """While the baseline falls steadily, the line it falls on now plus twice the spread
+        about it (a ramp down is not a dip that comes back); None otherwise. Steadily: a
+        least-squares line through a whole ``ramp_window_s`` of readings slopes down and
+        explains ``ramp_fit`` of their variance (a window longer than the stabilisation
+        window, so the falling half of a slow oscillation is not taken for a ramp)."""
         c = self.config
-        peak = self._peak(now, default=self.baselines[-1][1])
         if self.baselines[0][0] > now - 0.9 * c.ramp_window_s:
-            return peak  # not a whole window of readings yet
+            return None  # not a whole window of readings yet
         ramp = [(t, b) for t, b in self.baselines if t >= now - c.ramp_window_s]
         n = len(ramp)
         if n < 6:
-            return peak
+            return None
         mt = sum(t for t, _ in ramp) / n
         mb = sum(b for _, b in ramp) / n
         stt = sum((t - mt) ** 2 for t, _ in ramp)
         sbb = sum((b - mb) ** 2 for _, b in ramp)
         if stt <= 0 or sbb <= 0:
-            return peak
+            return None
         slope = sum((t - mt) * (b - mb) for t, b in ramp) / stt
-        explained = slope * slope * stt / sbb
-        if slope >= 0 or explained < c.ramp_fit:
-            return peak
+        if slope >= 0 or slope * slope * stt / sbb < c.ramp_fit:
+            return None
         spread = math.sqrt(max(0.0, (sbb - slope * slope * stt) / (n - 2)))
-        return min(peak, mb + slope * (now - mt) + 2.0 * spread)
+        return mb + slope * (now - mt) + 2.0 * spread
 
     def limit(self, ratio: float) -> bool:
         """Hold the budget at ``ratio`` at most (a cap from outside, such as the global

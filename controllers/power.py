@@ -73,6 +73,15 @@ class DevicePower:
     low_clock: bool = False
     batch_watts: float = 0.0  # of its draw, deferrable batch work's
 
+    @property
+    def capped(self) -> bool:
+        return self.cap_watts < self.max_cap_watts - 0.5
+
+    @property
+    def held(self) -> bool:
+        """A cap or low clock is in force."""
+        return self.low_clock or self.capped
+
 
 @dataclass(frozen=True, slots=True)
 class PowerAction:
@@ -160,7 +169,7 @@ class PowerController:
                              f"projected {projected:.0f} W over the target once: watched",
                              projected_watts=projected)  # fmt: skip
         self.warned = 0
-        held = any(d.low_clock or d.cap_watts < d.max_cap_watts - 0.5 for d in devices)
+        held = any(d.held for d in devices)
         self.held = self.held + 1 if held else 0
         batch = sum(d.batch_watts for d in devices)
         if self.held >= c.move_after_periods and batch > 0 and not self.batch_off_watts:
@@ -201,7 +210,7 @@ class PowerController:
         steps = [
             self.config.lift_step_ratio * (d.max_cap_watts - d.min_cap_watts)
             for d in devices
-            if d.cap_watts < d.max_cap_watts - 0.5 or d.low_clock
+            if d.held
         ]
         return bool(steps) and room >= 2 * max(steps)
 
@@ -252,13 +261,16 @@ class PowerController:
         for d in order:
             if room <= 0:
                 break
-            if d.cap_watts < d.max_cap_watts - 0.5:
+            if d.capped:
                 new_cap = min(d.max_cap_watts, d.cap_watts + room)
                 room -= new_cap - d.cap_watts
                 actions.append(PowerAction(d.uuid, PowerLever.CAP, round(new_cap, 1)))
         if not actions:
-            held = any(d.low_clock or d.cap_watts < d.max_cap_watts - 0.5 for d in devices)
-            why = "the lift window's peak leaves no room yet" if held else "nothing capped"
+            why = (
+                "the lift window's peak leaves no room yet"
+                if any(d.held for d in devices)
+                else "nothing capped"
+            )
             return PowerPlan((), PowerReason.HOLD, f"headroom, {why}",
                              projected_watts=projected)  # fmt: skip
         self._expect(start - max(room, 0.0))

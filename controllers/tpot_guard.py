@@ -91,8 +91,8 @@ class TpotGuard:
             return BatchDecision(before, before, BatchReason.INVALID_INPUT, "no TPOT: held")
         ratio = tpot_p95_s / slo_s
         self.recent.append(ratio)
-        if median(self.recent) > c.high_ratio:
-            ratio = median(self.recent)
+        if (trend := median(self.recent)) > c.high_ratio:
+            ratio = trend
             self.low_streak = 0
             cut = max(c.min_batch, math.floor(self.target * c.decrease_factor))
             if batch_in_use is not None and batch_in_use <= cut:

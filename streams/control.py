@@ -35,6 +35,7 @@ import faust
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.power import PowerReason
 from controllers.tpot_guard import BatchReason, TpotGuard
+from schemas.base import Contract
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import Target, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
@@ -79,6 +80,17 @@ class ControlPlanner(ThrottleIssuer):
         return {name: pool.room_replicas for name, pool in self.pools.items()}
 
     # -- inputs ---------------------------------------------------------------------------
+
+    def feed(self, value: Contract) -> list[Output]:
+        """One event of whichever kind: serving, PDU or accelerator telemetry (the rest is
+        not the planner's and changes nothing)."""
+        if isinstance(value, ServingMetrics):
+            return self.serving(value)
+        if isinstance(value, PduReading):
+            return self.pdu(value)
+        if isinstance(value, AcceleratorTelemetry):
+            self.accelerator(value)
+        return []
 
     def accelerator(self, t: AcceleratorTelemetry) -> None:
         self.power.accelerator(t)
@@ -203,17 +215,11 @@ def add_control(app: faust.App, w: ControlWiring, shared: ControllerMetrics) -> 
     async def plan(stream: Any) -> None:
         async for events in stream.take_events(5_000, within=0.5):
             for e in events:
-                spec = specs[e.message.topic]
                 try:
-                    if spec is ACCELERATOR:
-                        planner.accelerator(decode(e.message.value, AcceleratorTelemetry))
-                        continue
-                    if spec is PDU:
-                        made = planner.pdu(decode(e.message.value, PduReading))
-                    else:
-                        made = planner.serving(decode(e.message.value, ServingMetrics))
+                    value = decode(e.message.value, specs[e.message.topic].value_type)
                 except DecodeError:
                     continue  # ingest dead-letters it
+                made = planner.feed(value)
                 for o in made:
                     if o.command is not None:
                         await commands.send(

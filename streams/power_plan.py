@@ -28,7 +28,6 @@ from controllers.power import (
 )
 from schemas.commands import ClockMode, Target, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
-from schemas.verdicts import Decision, DecisionOutcome
 from streams.throttle import ControlWiring, Output, ThrottleIssuer
 
 
@@ -161,17 +160,10 @@ class RackPlanner(ThrottleIssuer):
         else:
             sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
             moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}
-        if not moves:
-            decision = Decision(
-                decision_id=self.new_id(), decided_at=end, controller="power", target=rack_id,
-                rack_id=rack_id, action="move_batch", outcome=DecisionOutcome.ADVISORY,
-                reason=plan.reason.value, desired=plan.move_batch_watts,
-                message=f"{plan.message}; no batch work on the rack to move",
-            )  # fmt: skip
-            if plan.move_batch_watts > 0 and not rack.batch_moved:
-                rack.power.batch_stayed()
-            return [Output(decision, None)]
         out: list[Output] = []
+        if not moves:
+            out.append(self._stays(end, rack_id, None, plan, plan.move_batch_watts,
+                                   "no batch work on the rack to move"))  # fmt: skip
         room = dict(self.rooms())
         for src, ratio in moves.items():
             # what it takes where it goes: each device's batch share, in replicas' worth
@@ -182,14 +174,11 @@ class RackPlanner(ThrottleIssuer):
             if ratio > 0 and room.get(to, 0.0) < need:
                 # no pool has the headroom for it: it stays, the caps hold, and the
                 # controller asks again once they have held long enough
-                out.append(Output(Decision(
-                    decision_id=self.new_id(), decided_at=end, controller="power",
-                    target=rack_id, rack_id=rack_id, pool=src, action="move_batch",
-                    outcome=DecisionOutcome.ADVISORY, reason=plan.reason.value,
-                    desired=need, applied=0.0,
-                    message=f"{plan.message}; {src}'s batch work ({need:.1f} replicas' "
-                    f"worth) stays: the most room any pool has is {room.get(to, 0.0):.1f}",
-                ), None))  # fmt: skip
+                out.append(self._stays(
+                    end, rack_id, src, plan, need,
+                    f"{src}'s batch work ({need:.1f} replicas' worth) stays: the most room "
+                    f"any pool has is {room.get(to, 0.0):.1f}",
+                ))  # fmt: skip
                 continue
             if ratio > 0:
                 rack.batch_moved[src] = to
@@ -207,3 +196,15 @@ class RackPlanner(ThrottleIssuer):
         if plan.move_batch_watts > 0 and not rack.batch_moved:
             rack.power.batch_stayed()
         return out
+
+    def _stays(
+        self, end: datetime, rack_id: str, pool: str | None, plan: PowerPlan, desired: float,
+        why: str,
+    ) -> Output:  # fmt: skip
+        """An advisory decision: batch work the plan asked to move stays on the rack."""
+        applied = None if pool is None else 0.0  # nothing to apply when no pool was named
+        return self._output(
+            end, rack_id, "power", ThrottleAction.MOVE_BATCH, plan.reason.value,
+            f"{plan.message}; {why}", Target(pool=pool, rack_id=rack_id), changed=False,
+            extra={"rack_id": rack_id, "desired": desired, "applied": applied}, params={},
+        )  # fmt: skip

@@ -17,6 +17,7 @@ from agents.sim.simulation import Simulation
 from agents.sim.state import Device
 from controllers.power import PowerConfig
 from fleetloop.sim import build_host
+from schemas.base import Contract
 from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
@@ -29,16 +30,8 @@ SCENARIOS = Path(__file__).parents[2] / "scenarios"
 KEY = next(iter(COMMAND_KEYS.items()))
 
 
-def _feed(planner: ControlPlanner, records: list[tuple[object, object]]) -> list[Output]:
-    out: list[Output] = []
-    for _, event in records:
-        if isinstance(event, AcceleratorTelemetry):
-            planner.accelerator(event)
-        elif isinstance(event, PduReading):
-            out += planner.pdu(event)
-        elif isinstance(event, ServingMetrics):
-            out += planner.serving(event)
-    return out
+def _feed(planner: ControlPlanner, records: list[tuple[object, Contract]]) -> list[Output]:
+    return [o for _, event in records for o in planner.feed(event)]
 
 
 def _run(
