@@ -39,15 +39,17 @@ class BatchWork:
     late_total: float = 0.0  # requests the backlog could not hold
     moved_rps: float = 0.0  # placed away from its rack in the last step
 
+    @property
+    def active(self) -> bool:
+        """Whether there is any batch work to place (a fleet without it skips the step)."""
+        return self.ratio > 0 or any(self.backlog.values())
+
     def place(self, serving: Sequence[tuple[Device, float]], *, dt: float) -> None:
         """Set ``batch_offered_rps`` on each serving ``(device, capacity_rps)``."""
         by_pool: dict[str, list[tuple[Device, float]]] = {}
         for dev, capacity in serving:
             dev.batch_offered_rps = 0.0
             by_pool.setdefault(dev.pool, []).append((dev, capacity))
-        if self.ratio <= 0 and not any(self.backlog.values()):
-            self.moved_rps = 0.0
-            return
         hot = {rack for (_, rack), (r, _) in self.moves.items() if r > 0}
         takers = {
             pool: [(d, c) for d, c in members if d.node.rack_id not in hot and c > 0]

@@ -181,10 +181,9 @@ class Fleet:
         active = self.faults.active(t, self)
         self._apply_node_faults(active, t)
         self._route(active, t)
-        self.batch.place(
-            [(d, self._capacity_rps(d)) for d in self.devices.values() if self._runs_batch(d, t)],
-            dt=dt,
-        )
+        if self.batch.active:
+            serving = [d for d in self.devices.values() if self._runs_batch(d, t)]
+            self.batch.place([(d, self._capacity_rps(d)) for d in serving], dt=dt)
         for dev in self.devices.values():
             self._serve(dev, active, t, dt)
             self._heat(dev, active, dt)
