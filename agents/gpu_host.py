@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from agents.collectors.base import AcceleratorReader, NodeIdentity, heartbeat
 from agents.runner import Records
-from schemas.commands import Command
+from schemas.commands import Target
 from schemas.topics import ACCELERATOR, NODE_HEALTH
 
 AGENT_VERSION = "fleetloop-node/0.2.0"
@@ -72,8 +72,7 @@ class GpuHost:
         )
         return [*((ACCELERATOR, s) for s in samples), (NODE_HEALTH, beat)]
 
-    def addressed_to_me(self, command: Command) -> bool:
-        t = command.target
+    def addressed_to_me(self, t: Target) -> bool:
         if t.node_id is not None:
             return t.node_id == self.identity.node_id
         return t.device_uuid is not None and t.device_uuid in self.devices

@@ -16,12 +16,28 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 SCHEMA_VERSION: Literal[1] = 1
 
 
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(2100, 1, 1, tzinfo=UTC)
+"""Instants a payload may carry: [1970, 2100). Every such instant converts to UTC
+and fits every time column it lands in (ClickHouse ``DateTime`` counts unsigned
+32-bit seconds from 1970 and ends in 2106), so a timestamp that is valid here is
+storable downstream."""
+
+
 def _to_utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):  # e.g. year 9999 at UTC-1 is past year 9999 in UTC
+        raise ValueError(f"instant {value.isoformat()} has no UTC equivalent") from None
+    if not EARLIEST_INSTANT <= utc < LATEST_INSTANT:
+        raise ValueError(
+            f"instant {utc.isoformat()} outside [{EARLIEST_INSTANT.year}, {LATEST_INSTANT.year})"
+        )
+    return utc
 
 
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
-"""A timezone-aware instant, normalised to UTC."""
+"""A timezone-aware instant in [1970, 2100), normalised to UTC."""
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]

@@ -2,7 +2,10 @@
 
 ``decode`` either returns a validated model or raises :class:`DecodeError`
 whose ``kind`` says why, so bad input can become a dead letter with a reason
-an SRE can group by.
+an SRE can group by. Nothing else escapes it: whatever a validator raises
+(pydantic wraps only ``ValueError`` and ``AssertionError``; an ``OverflowError``
+or a ``RecursionError`` would pass through) is a ``schema`` error too, so a
+caller that handles ``DecodeError`` has handled every bad message.
 """
 
 from __future__ import annotations
@@ -75,3 +78,5 @@ def decode(raw: bytes | None, value_type: type[M]) -> M:
         return value_type.model_validate_json(raw)
     except ValidationError as exc:
         raise _classify(exc) from None
+    except Exception as exc:  # a validator failing in a way pydantic does not wrap
+        raise DecodeError(DecodeErrorKind.SCHEMA, f"{type(exc).__name__}: {exc}"[:2000]) from None

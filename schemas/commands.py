@@ -178,6 +178,7 @@ class ResultStatus(StrEnum):
     DUPLICATE = "duplicate"
     EXPIRED = "expired"
     BAD_SIGNATURE = "bad_signature"
+    MALFORMED = "malformed"  # did not decode as its topic's command type: refused, not applied
     FAILED_TRANSIENT = "failed_transient"
     FAILED_PERMANENT = "failed_permanent"
 

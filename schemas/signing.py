@@ -39,4 +39,5 @@ def verify(command: Command, *, keys: Mapping[str, bytes]) -> bool:
     if key is None:
         return False
     expected = hmac.new(key, canonical_bytes(command), hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, command.signature)
+    # as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not False)
+    return hmac.compare_digest(expected.encode(), command.signature.encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -14,7 +15,19 @@ from schemas.commands import Command
 from schemas.signing import sign
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
 
-START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+START = datetime.fromisoformat(os.environ.get("FLEETLOOP_TEST_START", "2026-11-01T12:00:00+00:00"))
+"""The instant test events start at: fixed, so tests are reproducible. ``FLEETLOOP_TEST_START``
+moves it (``test_any_date`` runs the sink tests with it months in the past)."""
+
+
+def ingest_now() -> datetime:
+    """Ingestion time for rows written to the real ClickHouse engine.
+
+    Retention (``TTL ... ingested_at + INTERVAL n DAY``) is judged on the engine's own
+    clock, which no test can set; rows ingested "now" stay whatever their event times.
+    Event times come from :data:`START`.
+    """
+    return datetime.now(UTC)
 
 
 def fleet_events(

@@ -18,6 +18,7 @@ Which executor answers a command is a function of the command alone
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 
@@ -27,6 +28,7 @@ from schemas.commands import (
     Command,
     RouteAction,
     RouteCommand,
+    Target,
     ThrottleAction,
     ThrottleCommand,
     WarmAction,
@@ -44,7 +46,8 @@ class Scope(StrEnum):
 
 
 def scope_of(command: Command) -> Scope:
-    """The executor that owns ``command``."""
+    """The executor that owns ``command``; see :func:`scope_of_malformed` for one that
+    does not decode."""
     if isinstance(command, WarmCommand):
         return Scope.WARMER
     if isinstance(command, RouteCommand):
@@ -52,6 +55,28 @@ def scope_of(command: Command) -> Scope:
     if isinstance(command, ThrottleCommand):
         return Scope.NODE if command.action in NODE_THROTTLES else Scope.ROUTER
     raise TypeError(f"not a command type: {type(command).__name__}")
+
+
+def scope_of_malformed(
+    command_type: type[object], doc: Mapping[str, object], target: Target | None
+) -> Scope:
+    """The executor that refuses a message of ``command_type`` that does not decode.
+
+    The same rules as :func:`scope_of`, read from what the message says (``doc``, its
+    parsed JSON object, empty when it is not one; ``target``, when that part decodes).
+    A node command is answered by the node it names; when the message names no node
+    or device it could belong to, the router answers (there is one router per fleet,
+    so every message still gets exactly one result).
+    """
+    if command_type is WarmCommand:
+        return Scope.WARMER
+    node_scoped = (
+        target is not None and not target.pool and bool(target.node_id or target.device_uuid)
+    )
+    if command_type is ThrottleCommand:
+        action = doc.get("action")
+        node_scoped = node_scoped and any(a.value == action for a in NODE_THROTTLES)
+    return Scope.NODE if node_scoped else Scope.ROUTER
 
 
 def _summary(what: str, items: list[str]) -> str:

@@ -119,7 +119,10 @@ def execute(
     """Gate, act and account: exactly one result per command, never an exception."""
     status: ResultStatus
     retry_after_s: float | None = None
-    refusal = gate.refuse(command, now=now)
+    try:
+        refusal = gate.refuse(command, now=now)
+    except Exception as exc:  # a check that cannot run refuses: never act on an unchecked command
+        refusal = ResultStatus.FAILED_PERMANENT, f"not checked: {type(exc).__name__}: {exc}"
     if refusal is not None:
         status, detail = refusal
     else:

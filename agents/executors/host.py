@@ -3,13 +3,19 @@
 One host runs any subset of the three executors (the simulator runs all three
 beside the fleet; a GPU host runs only its node executor). For each consumed
 message it returns the owner's :class:`~schemas.commands.CommandResult`, or
-None when the command is not for an executor it runs (another host answers it)
-or does not decode (the stream worker dead-letters it with its coordinates;
-the host counts it and carries on).
+None when the message is not for an executor it runs (another host answers it).
+
+No message stops a host: one that does not decode is refused with a ``malformed``
+result by the executor it would belong to (read from whatever parts of it do
+decode, :func:`~agents.executors.executors.scope_of_malformed`), and the stream
+worker dead-letters it with its coordinates; whatever else fails while handling
+one command becomes a ``failed_permanent`` result for it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,10 +26,10 @@ from uuid import UUID
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from agents.executors.executors import Scope, scope_of
+from agents.executors.executors import Scope, scope_of, scope_of_malformed
 from agents.executors.gate import Actuator, CommandGate, execute
 from schemas.codec import DecodeError, decode
-from schemas.commands import Command, CommandResult
+from schemas.commands import Command, CommandResult, ResultStatus, Target
 from schemas.topics import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,8 @@ class ExecutorMetrics:
         )
         self.malformed = Counter(
             "fleetloop_executor_malformed_total",
-            "Command messages that did not decode (dead-lettered by the stream worker)",
+            "Command messages that did not decode (refused as malformed by their owner, "
+            "dead-lettered by the stream worker)",
             ["topic"],
             registry=registry,
         )
@@ -63,7 +70,7 @@ class HostedExecutor:
     name: str  # appears in results, e.g. "node-executor"
     actuator: Actuator[Any]
     gate: CommandGate
-    accepts: Callable[[Command], bool] | None = None  # e.g. only this host's node and devices
+    accepts: Callable[[Target], bool] | None = None  # e.g. only this host's node and devices
 
 
 class ExecutorHost:
@@ -83,22 +90,53 @@ class ExecutorHost:
     def handle_raw(
         self, spec: TopicSpec, raw: bytes | None, *, now: datetime, received_at: datetime
     ) -> CommandResult | None:
-        """Decode ``raw`` as ``spec``'s command type and handle it."""
+        """Decode ``raw`` as ``spec``'s command type and handle it; never raises."""
         try:
             command = decode(raw, spec.value_type)
         except DecodeError as exc:
             self.metrics.malformed.labels(spec.name).inc()
             log.warning("undecodable command on %s (%s): %s", spec.name, exc.kind.value, exc)
-            return None
+            return self._refuse_malformed(spec, raw, exc, now=now, received_at=received_at)
         assert isinstance(command, Command)
         return self.handle(command, now=now, received_at=received_at)
+
+    def _refuse_malformed(
+        self,
+        spec: TopicSpec,
+        raw: bytes | None,
+        error: DecodeError,
+        *,
+        now: datetime,
+        received_at: datetime,
+    ) -> CommandResult | None:
+        doc, target = _readable_parts(raw)
+        scope = scope_of_malformed(spec.value_type, doc, target)
+        hosted = self.executors.get(scope)
+        if hosted is None or (
+            hosted.accepts is not None and (target is None or not hosted.accepts(target))
+        ):
+            self.metrics.not_mine.labels(scope.value).inc()
+            return None
+        self.metrics.commands.labels(
+            hosted.name, spec.value_type.__name__, ResultStatus.MALFORMED.value
+        ).inc()
+        return CommandResult(
+            result_id=self.new_id(),
+            command_id=_claimed_id(doc, raw),
+            command_type=spec.value_type.__name__,
+            executor=hosted.name,
+            status=ResultStatus.MALFORMED,
+            detail=f"not applied: {error}"[:1024],
+            received_at=received_at,
+            completed_at=now,
+        )
 
     def handle(
         self, command: Command, *, now: datetime, received_at: datetime
     ) -> CommandResult | None:
         scope = scope_of(command)
         hosted = self.executors.get(scope)
-        if hosted is None or (hosted.accepts is not None and not hosted.accepts(command)):
+        if hosted is None or (hosted.accepts is not None and not hosted.accepts(command.target)):
             self.metrics.not_mine.labels(scope.value).inc()
             return None
         result = execute(
@@ -123,3 +161,28 @@ class ExecutorHost:
         )
         hosted.gate.seen.prune(now)
         return result
+
+
+def _readable_parts(raw: bytes | None) -> tuple[dict[str, object], Target | None]:
+    """The JSON object a malformed command carries (empty if none), and its target if valid."""
+    try:
+        doc = json.loads(raw or b"")
+    except (ValueError, RecursionError):
+        return {}, None
+    if not isinstance(doc, dict):
+        return {}, None
+    try:
+        return doc, Target.model_validate(doc.get("target"))
+    except Exception:  # any failure means: no target to read
+        return doc, None
+
+
+def _claimed_id(doc: Mapping[str, object], raw: bytes | None) -> UUID:
+    """The command id the message claims, or one derived from its bytes (stable on replay)."""
+    claimed = doc.get("command_id")
+    if isinstance(claimed, str):
+        try:
+            return UUID(claimed)
+        except ValueError:
+            pass
+    return uuid.UUID(bytes=hashlib.sha256(raw or b"").digest()[:16], version=5)

@@ -13,7 +13,7 @@ from fleetloop.sqlclient import run_query
 from streams.clickhouse_store import open_store
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
-from tests.factories import START, fleet_events
+from tests.factories import fleet_events, ingest_now
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +28,12 @@ def test_sink_and_sql_against_a_server(clickhouse_url: str, tmp_path) -> None:  
         ]
         assert (
             asyncio.run(
-                ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START)
+                ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=ingest_now())
             )
             == 2000
         )
         again = ClickHouseSink(store, registry=CollectorRegistry())
-        assert asyncio.run(again.write(records, now=START)) == 0
+        assert asyncio.run(again.write(records, now=ingest_now())) == 0
         settings = ConnectionSettings(clickhouse_url=clickhouse_url, clickhouse_database=database)
         result = run_query(settings, f"SELECT count() FROM {database}.accelerator_telemetry")
         assert result.rows[0][0] == sum(

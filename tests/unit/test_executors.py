@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
@@ -142,24 +143,34 @@ def test_applied_duplicate_forged_expired_each_with_a_result() -> None:
     assert sample == 1.0
 
 
-def test_malformed_and_foreign_commands_get_no_result_but_are_counted() -> None:
+def test_malformed_commands_are_refused_by_their_owner_and_foreign_ones_skipped() -> None:
     registry = CollectorRegistry()
     sim, _ = _host()
     host = build_host(SimControl(sim.fleet), COMMAND_KEYS, registry)
     del host.executors[Scope.WARMER]  # a host that runs no warmer
     now = sim.fleet.now
-    assert host.handle_raw(ROUTE_COMMANDS, b"{not json", now=now, received_at=now) is None
+    garbage = host.handle_raw(ROUTE_COMMANDS, b"{not json", now=now, received_at=now)
+    assert garbage is not None and garbage.status is ResultStatus.MALFORMED
+    assert garbage.executor == "router-executor" and "bad_json" in garbage.detail
+    # a node command whose target reads but whose body does not: the node executor refuses it
+    drain = _command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN)
+    doc = json.loads(encode(drain))
+    doc["issued_at"] = "9999-12-31T23:59:59-01:00"
+    bad = host.handle_raw(ROUTE_COMMANDS, json.dumps(doc).encode(), now=now, received_at=now)
+    assert bad is not None and bad.status is ResultStatus.MALFORMED
+    assert (bad.executor, bad.command_id) == ("node-executor", drain.command_id)
     warm = _command(
         WarmCommand, target=Target(pool="us-east-h100"), action=WarmAction.WARM, model="gemma-27b"
     )
     assert host.handle_raw(WARM_COMMANDS, encode(warm), now=now, received_at=now) is None
+    assert host.handle_raw(WARM_COMMANDS, b"[]", now=now, received_at=now) is None  # not ours
     assert (
         registry.get_sample_value(
             "fleetloop_executor_malformed_total", {"topic": ROUTE_COMMANDS.name}
         )
-        == 1.0
+        == 2.0
     )
-    assert registry.get_sample_value("fleetloop_executor_skipped_total", {"scope": "warmer"}) == 1.0
+    assert registry.get_sample_value("fleetloop_executor_skipped_total", {"scope": "warmer"}) == 2.0
 
 
 def test_no_free_device_is_transient_and_a_retry_can_apply() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -149,14 +150,14 @@ def test_ground_truth_lists_faults_and_what_they_caused(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     fault, consequence = rows
     assert fault["kind"] == "ecc_storm" and fault["device_uuid"] == "node-00000-gpu1"
-    assert fault["start_at"] == "2026-11-01T12:02:00+00:00"
+    assert fault["start_at"] == (START + timedelta(seconds=120)).isoformat()
     assert fault["params"]["lead_s"] == 300
     assert consequence == {
         "record": "consequence",
         "t_s": 420.0,
         "what": "double_bit_ecc",
         "target": "node-00000-gpu1",
-        "at": "2026-11-01T12:07:00+00:00",
+        "at": (START + timedelta(seconds=420)).isoformat(),
     }
 
 

@@ -28,7 +28,7 @@ from streams.clickhouse_store import ClickHouseStore
 from streams.ingest import RawMessage, split
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, instant_json
 from streams.sink import ClickHouseSink, Watermarks, batch_token
-from tests.factories import START, fleet_events, malformed_payloads, signed_command
+from tests.factories import START, fleet_events, ingest_now, malformed_payloads, signed_command
 
 
 def _records(n: int, topic_prefix: str) -> list[tuple[Contract, Coordinates]]:
@@ -60,10 +60,10 @@ def test_table_columns_match_the_ddl(store: ClickHouseStore) -> None:
 def test_write_is_idempotent_across_retries_and_restarts(store: ClickHouseStore) -> None:
     records = _records(3000, "a.")
     sink = ClickHouseSink(store, registry=CollectorRegistry())
-    assert asyncio.run(sink.write(records[:2000], now=START)) == 2000
-    assert asyncio.run(sink.write(records[:2000], now=START)) == 0  # same process, replay
+    assert asyncio.run(sink.write(records[:2000], now=ingest_now())) == 2000
+    assert asyncio.run(sink.write(records[:2000], now=ingest_now())) == 0  # same process, replay
     restarted = ClickHouseSink(store, registry=CollectorRegistry())  # marks come from ClickHouse
-    assert asyncio.run(restarted.write(records, now=START)) == 1000
+    assert asyncio.run(restarted.write(records, now=ingest_now())) == 1000
     assert _total(store, "a.") == 3000
     ids = store.query(
         f"SELECT uniqExact(event_id) FROM {store.database}.accelerator_telemetry "
@@ -76,7 +76,7 @@ def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> 
     records = [r for r in _records(400, "b.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
     layout = LAYOUTS[type(records[0][0])]
     assert layout.to_line is not None
-    lines = [layout.to_line(v, at, instant_json(START)) for v, at in records]
+    lines = [layout.to_line(v, at, instant_json(ingest_now())) for v, at in records]
     token = batch_token(layout.table, records)
     for _ in range(2):
         store.insert_json_lines(layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS)
@@ -85,7 +85,9 @@ def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> 
 
 def test_events_land_with_nulls_enums_probes_and_utc_instants(store: ClickHouseStore) -> None:
     records = _records(2000, "e.")
-    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    asyncio.run(
+        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=ingest_now())
+    )
     db = store.database
     mtia = store.query(
         f"SELECT memory_temp_celsius, xid_last, accelerator_type, toString(observed_at) "
@@ -93,7 +95,8 @@ def test_events_land_with_nulls_enums_probes_and_utc_instants(store: ClickHouseS
         "AND accelerator_type = 'MTIA' LIMIT 1"
     ).rows[0]
     assert mtia[:3] == [None, None, "MTIA"]
-    assert mtia[3] == "2026-11-01 12:00:01.000"  # the end of the first step after START, UTC
+    first_step = START + timedelta(seconds=1)  # the end of the first step after START, UTC
+    assert mtia[3] == first_step.strftime("%Y-%m-%d %H:%M:%S.000")
     probes = store.query(
         f"SELECT length(probes), probes.probe[1], probes.passed[1] FROM {db}.node_health "
         "WHERE src_topic LIKE 'e.%' AND heartbeat_seq = 1 LIMIT 1"
@@ -105,7 +108,7 @@ def test_a_field_without_a_column_is_an_error_not_a_silent_loss(store: ClickHous
     records = [r for r in _records(500, "f.") if type(r[0]).__name__ == "Demand"]
     layout = LAYOUTS[type(records[0][0])]
     assert layout.to_line is not None
-    line = layout.to_line(records[0][0], records[0][1], instant_json(START))
+    line = layout.to_line(records[0][0], records[0][1], instant_json(ingest_now()))
     with pytest.raises(Exception, match=r"surprise|Unknown field"):
         store.insert_json_lines(
             layout.table, [line[:-1] + ',"surprise":1}'], token="f1", settings=JSON_INSERT_SETTINGS
@@ -126,8 +129,8 @@ def test_dead_letters_have_their_own_watermarks(store: ClickHouseStore) -> None:
     valid_later = [
         (v, Coordinates("c." + s.name, 0, 900 + i)) for i, (s, v) in enumerate(fleet_events(5))
     ]
-    asyncio.run(sink.write(valid_later, now=START))  # events table is ahead of dead letters
-    assert asyncio.run(sink.write(letters, now=START)) == 10
+    asyncio.run(sink.write(valid_later, now=ingest_now()))  # events table is ahead of dead letters
+    assert asyncio.run(sink.write(letters, now=ingest_now())) == 10
     assert _count(store, "dead_letters", "c.") == 10
     raw = store.query(
         f"SELECT raw FROM {store.database}.dead_letters WHERE source_topic = "
@@ -184,7 +187,9 @@ def test_a_batch_lands_in_one_partition_even_across_midnight(store: ClickHouseSt
         (v.model_copy(update={"observed_at": late + timedelta(seconds=i % 3)}), at)
         for i, (v, at) in enumerate(base)
     ]
-    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    asyncio.run(
+        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=ingest_now())
+    )
     days, partitions = store.query(
         f"SELECT uniqExact(toDate(observed_at)), uniqExact(_partition_id) "
         f"FROM {store.database}.accelerator_telemetry WHERE src_topic LIKE 'g.%'"
@@ -200,7 +205,7 @@ def test_a_refused_read_only_statement_does_not_stop_the_sink(store: ClickHouseS
     assert store.query(f"SELECT count() > -1 FROM {store.database}.demand", readonly=True).rows
     records = [r for r in _records(400, "h.") if type(r[0]).__name__ == "Demand"]
     assert asyncio.run(
-        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START)
+        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=ingest_now())
     ) == len(records)
 
 
@@ -250,7 +255,9 @@ def test_commands_of_every_type_and_their_results_land_in_their_tables(
         (warm, Coordinates("c.commands.warm.v1", 0, 0)),
         (result, Coordinates("c.commands.results.v1", 0, 0)),
     ]
-    asyncio.run(ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=START))
+    asyncio.run(
+        ClickHouseSink(store, registry=CollectorRegistry()).write(records, now=ingest_now())
+    )
     db = store.database
     rows = store.query(
         f"SELECT command_type, action, target_device_uuid, target_node_id, target_pool, "
