@@ -46,12 +46,14 @@ async def run_agent(
     interval_s: float,
     monotonic: Callable[[], float] = time.monotonic,
     on_tick: Callable[[int, int], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Publish tick after tick until ``ticks`` (forever when None); return events acknowledged."""
+    """Publish tick after tick until ``ticks`` (forever when None) or until ``stop`` is set
+    (checked after each tick); return events acknowledged."""
     sent = 0
     n = 0
     next_at = monotonic()
-    while ticks is None or n < ticks:
+    while (ticks is None or n < ticks) and not (stop is not None and stop.is_set()):
         sent += await publish_tick(publisher, agent.tick(n))
         if on_tick is not None:
             on_tick(n, sent)

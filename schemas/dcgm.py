@@ -34,6 +34,8 @@ CATALOGUE: tuple[FieldSpec, ...] = (
     FieldSpec("memory_temp_celsius", 140, "DCGM_FI_DEV_MEMORY_TEMP", "C"),
     FieldSpec("power_usage_watts", 155, "DCGM_FI_DEV_POWER_USAGE", "W"),
     FieldSpec("power_limit_watts", 160, "DCGM_FI_DEV_POWER_MGMT_LIMIT", "W"),
+    FieldSpec("power_limit_min_watts", 161, "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN", "W"),
+    FieldSpec("power_limit_max_watts", 162, "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", "W"),
     FieldSpec("sm_clock_mhz", 100, "DCGM_FI_DEV_SM_CLOCK", "MHz"),
     FieldSpec("mem_clock_mhz", 101, "DCGM_FI_DEV_MEM_CLOCK", "MHz"),
     FieldSpec("gpu_util_ratio", 203, "DCGM_FI_DEV_GPU_UTIL", "%", 0.01),

@@ -54,6 +54,12 @@ class AcceleratorTelemetry(Event):
     memory_temp_celsius: Celsius | None = None
     power_usage_watts: NonNegFloat | None = None
     power_limit_watts: NonNegFloat | None = None
+    power_limit_min_watts: NonNegFloat | None = Field(
+        default=None, description="lowest power limit the driver accepts (DCGM field 161)"
+    )
+    power_limit_max_watts: NonNegFloat | None = Field(
+        default=None, description="highest power limit the driver accepts (DCGM field 162)"
+    )
     sm_clock_mhz: NonNegFloat | None = None
     mem_clock_mhz: NonNegFloat | None = None
     gpu_util_ratio: Ratio | None = None

@@ -50,6 +50,19 @@ class _Device:
     baseline_share: float = 1.0  # of what it served lately, the share that was not optional
     batch_share: float = 0.0  # of what it served lately, the share that was batch work
     pool: str | None = None
+    min_watts: float | None = None  # the driver's range, from telemetry; None: not reported
+    max_watts: float | None = None
+
+    def cap_range(self, min_cap_ratio: float) -> tuple[float, float]:
+        """The caps this device may be asked for: never outside what its driver accepts.
+
+        ``min_cap_ratio`` of its default is the deepest cap policy allows; a device that
+        does not report its range is never capped (its clocks may still be lowered).
+        """
+        if self.min_watts is None or self.max_watts is None:
+            return self.cap_watts, self.cap_watts
+        top = min(self.default_watts, self.max_watts)
+        return min(top, max(self.min_watts, min_cap_ratio * self.default_watts)), top
 
 
 class RackPlanner(ThrottleIssuer):
@@ -96,6 +109,7 @@ class RackPlanner(ThrottleIssuer):
             )  # fmt: skip
         d.draw_watts, d.cap_watts = t.power_usage_watts, t.power_limit_watts
         d.default_watts = max(d.default_watts, t.power_limit_watts)
+        d.min_watts, d.max_watts = t.power_limit_min_watts, t.power_limit_max_watts
 
     def pdu(self, r: PduReading) -> list[Output]:
         rack = self.racks.get(r.rack_id)
@@ -119,7 +133,7 @@ class RackPlanner(ThrottleIssuer):
             now=end.timestamp(), draw_watts=draw, limit_watts=limit,
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
-                            w.min_cap_ratio * d.default_watts, d.default_watts, d.low_clock,
+                            *d.cap_range(w.min_cap_ratio), d.low_clock,
                             batch_watts=d.batch_share * d.draw_watts)
                 for u, d in members.items()
             ],

@@ -156,6 +156,7 @@ class NvmlGpuReader:
         nvml, opt = self.nvml, self.session.optional
         watts = _scaled(opt(nvml.nvmlDeviceGetPowerUsage, h), 1e-3)
         limit = _scaled(opt(nvml.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3)
+        limits_mw = opt(nvml.nvmlDeviceGetPowerManagementLimitConstraints, h)
         util = opt(nvml.nvmlDeviceGetUtilizationRates, h)
         memory = opt(nvml.nvmlDeviceGetMemoryInfo, h)
         corrected, uncorrected = (
@@ -181,6 +182,8 @@ class NvmlGpuReader:
             memory_temp_celsius=self._field(h, nvml.NVML_FI_DEV_MEMORY_TEMP),
             power_usage_watts=watts,
             power_limit_watts=limit,
+            power_limit_min_watts=None if limits_mw is None else limits_mw[0] / 1000,
+            power_limit_max_watts=None if limits_mw is None else limits_mw[1] / 1000,
             sm_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
             mem_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM),
             gpu_util_ratio=None if util is None else util.gpu / 100.0,

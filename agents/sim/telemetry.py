@@ -99,6 +99,8 @@ class TelemetryBuilder:
             memory_temp_celsius=round(temp + 4.0, 2) if hw.reports_memory_temp else None,
             power_usage_watts=round(max(0.0, dev.power_watts + rng.gauss(0.0, 2.0)), 1),
             power_limit_watts=dev.power_cap_watts,
+            power_limit_min_watts=hw.min_power_limit_watts,
+            power_limit_max_watts=hw.power_limit_watts,
             sm_clock_mhz=round(hw.sm_clock_mhz * dev.clock_ratio, 1),
             mem_clock_mhz=hw.mem_clock_mhz,
             gpu_util_ratio=round(dev.busy_ratio, 4),
