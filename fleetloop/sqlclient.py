@@ -62,12 +62,13 @@ def run_query(settings: ConnectionSettings, sql: str, *, timeout_s: float = 30.0
         raise QueryError(
             f"{exc}, and nothing answers at {settings.query_url}; point --query-url at it"
         ) from None
+    store.apply_schema()  # we own the directory now: its tables exist, as the worker makes them
     return _query_and_close(store, sql)
 
 
 def _query_and_close(store: ClickHouseStore, sql: str) -> QueryResult:
     try:
-        return store.query(sql)
+        return store.query(sql, readonly=True)  # as the worker answers: bounded, read-only
     except ClickHouseError as exc:
         raise QueryError(str(exc)) from None
     finally:

@@ -17,7 +17,7 @@ if ((${#need_apt[@]})); then
   echo "[setup] installing ${need_apt[*]} from Debian"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
 PYTHON="${PYTHON:-python3}"

@@ -100,7 +100,8 @@ class ClickHouseStore:
             self.client.command(sql)
 
     def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        """Run ``sql``; ``readonly`` queries (anyone's SQL) go to a separate read-only session.
+        """Run ``sql``; ``readonly`` queries (anyone's SQL) go to a separate read-only session,
+        where unqualified table names are this store's database's.
 
         A per-query ``readonly`` setting is not enough: after a refused statement
         chDB leaves the session read-only, which would stop the sink's inserts.
@@ -180,8 +181,9 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
     if url:
         parts = urlparse(url)
 
-        def server_client(**settings: Any) -> Client:
+        def server_client(db: str = "", **settings: Any) -> Client:
             return clickhouse_connect.get_client(
+                database=db,
                 host=parts.hostname or "localhost",
                 port=parts.port or (8443 if parts.scheme == "https" else 8123),
                 username=parts.username or "default",
@@ -191,7 +193,9 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
             )
 
         return ClickHouseStore(
-            server_client(), database=database, open_reader=lambda: server_client(readonly=1)
+            server_client(),
+            database=database,
+            open_reader=lambda: server_client(database, readonly=1),
         )
     data_dir.mkdir(parents=True, exist_ok=True)
     if _locked_by_another_process(data_dir):
@@ -199,9 +203,9 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
     client = clickhouse_connect.get_client(interface="chdb", path=str(data_dir))
     _OPENED_HERE.add(data_dir.resolve())
 
-    def reader() -> Client:  # its own session, bounded, read-only from the start
+    def reader() -> Client:  # its own session, bounded, read-only, on our database by default
         return clickhouse_connect.get_client(
-            interface="chdb", path=str(data_dir), settings=READER_SETTINGS
+            interface="chdb", path=str(data_dir), database=database, settings=READER_SETTINGS
         )
 
     return ClickHouseStore(client, database=database, data_dir=data_dir, open_reader=reader)

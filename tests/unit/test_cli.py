@@ -53,6 +53,16 @@ def test_sql_opens_the_embedded_store_when_no_owner_answers(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"columns": ["answer"], "rows": [[42]]}
+    # the database is the default: tables need no qualifying name
+    plain = subprocess.run(
+        [*run, "SELECT count() AS n FROM accelerator_telemetry"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout) == {"columns": ["n"], "rows": [[0]]}
     bad = subprocess.run(
         [*run, "SELEC nonsense"], capture_output=True, text=True, timeout=120, check=False
     )
