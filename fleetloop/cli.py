@@ -225,6 +225,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         _settings(SimSettings, args),
         keep_running=args.keep_running,
         speed=speed,
+        resume=args.resume,
     )
 
 
@@ -371,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-running",
         action="store_true",
         help="keep the worker serving until Ctrl-C and leave the broker up",
+    )
+    demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep var/ from an earlier run (broker data, ClickHouse, worker state); "
+        "by default the demo starts clean",
     )
     _add_settings_flags(demo, SimSettings)
     for name in ("broker_dir", "jar_dir", "port", "controller_port"):

@@ -14,9 +14,15 @@ and acts only through signed commands on Kafka:
 - the isolation controller's quarantine, replayed byte for byte -> ``duplicate``;
 - a forged and an expired command, which the executors refuse with a result.
 
-It ends with what ClickHouse holds: rows per table, every command with its
-result, the controllers' decisions and the verdicts behind them, the
-quarantined device going idle, the cold model starting to serve.
+It starts clean (``--resume`` keeps ``var/``), waits until the worker's committed
+offsets reach the end of every ingested topic before it counts anything, and ends
+with what ClickHouse holds: rows per table, every command with its result, the
+controllers' decisions and the verdicts behind them, the device the scenario
+gave the ECC storm going idle, the cold model starting to serve. Last, the
+safety promises, read from the simulator's ground truth: no breaker trips (and
+how close each rack came: its longest time over the limit against the trip
+time), no device lost to heat, no device isolated that had nothing wrong. A
+broken promise makes the run exit 1.
 A per-run HMAC key is generated unless ``FLEETLOOP_COMMAND_KEYS`` is set.
 """
 
@@ -25,11 +31,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import secrets
+import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,14 +48,15 @@ from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import LocalKafkaBroker
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.report import run_report
-from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings
+from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings, WorkerSettings
 from fleetloop.sqlclient import format_table, run_query
 from fleetloop.topics_admin import ensure_topics, read_topic
 from schemas.base import Contract
 from schemas.codec import decode, encode
 from schemas.commands import RouteAction, RouteCommand, Target
 from schemas.signing import sign
-from schemas.topics import ACCELERATOR, ROUTE_COMMANDS, SERVING, TopicSpec
+from schemas.topics import ACCELERATOR, INGESTED_TOPICS, ROUTE_COMMANDS, SERVING, TopicSpec
+from streams.lag import fetch_lag
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
 DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
@@ -97,6 +107,13 @@ LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
            FROM {db}.serving_metrics WHERE model = '{model}' AND ingested_at >= {since}
            GROUP BY t) AS s USING t
 ORDER BY t
+"""
+UNANSWERED_SQL = """
+SELECT c.action, count() AS commands, toString(min(c.issued_at)) AS first_issued
+FROM {db}.commands AS c
+WHERE c.ingested_at >= {since}
+  AND c.command_id NOT IN (SELECT command_id FROM {db}.command_results WHERE ingested_at >= {since})
+GROUP BY c.action ORDER BY c.action
 """
 ISOLATED_SQL = """
 SELECT target, action, reason, substring(message, 1, 70), toString(command_id), controller
@@ -199,14 +216,22 @@ class Operator:
 
 
 def run_demo(
-    broker_settings: BrokerSettings, settings: SimSettings, *, keep_running: bool, speed: float
+    broker_settings: BrokerSettings,
+    settings: SimSettings,
+    *,
+    keep_running: bool,
+    speed: float,
+    resume: bool = False,
 ) -> int:
-    """Run the demo; return a process exit code."""
+    """Run the demo; return a process exit code (1 when a safety promise was broken)."""
+    own_broker = "KAFKA_BOOTSTRAP" not in os.environ
+    if not resume:
+        _clean(broker_settings, settings, own_broker=own_broker)
     started = datetime.now(UTC)
     since = f"toDateTime64('{started:%Y-%m-%d %H:%M:%S}', 3, 'UTC')"  # this run's rows only
     env = dict(os.environ)
     broker: LocalKafkaBroker | None = None
-    if "KAFKA_BOOTSTRAP" not in os.environ:
+    if own_broker:
         broker = LocalKafkaBroker(broker_settings)
         print(f"[demo] starting Kafka {broker.version} (jars from Maven Central, cached)")
         print("[demo] " + broker.up().describe())
@@ -233,7 +258,7 @@ def run_demo(
                 "--clickhouse-dir",
                 str(settings.clickhouse_dir),
                 "--worker-dir",
-                "var/worker",
+                str(WORKER_DIR),
                 "--topic-prefix",
                 settings.topic_prefix,
             ],
@@ -268,17 +293,98 @@ def run_demo(
         )
         op = Operator(settings, sim_url, since)
         _play(op, procs, ticks / speed + 30)
-        _report(op, settings, sim_url)
+        _catch_up(settings, procs)
+        truth = Truth.read(settings.truth_file)
+        _report(op, settings, truth)
+        broken = _safety(op, truth)
         if keep_running:
             print("\n[demo] the worker keeps serving `fleetloop sql`; Ctrl-C stops it")
             with contextlib.suppress(KeyboardInterrupt):
                 procs["worker"].wait()
-        return 0
+        return 1 if broken else 0
     finally:
         stop_all(procs)
         if broker is not None and not keep_running:
             broker.down()
             print("[demo] broker stopped")
+
+
+WORKER_DIR = Path("var/worker")
+
+
+def _clean(broker_settings: BrokerSettings, settings: SimSettings, *, own_broker: bool) -> None:
+    """Start from nothing: an earlier run's topics, offsets and tables would be resumed
+    (its commands expired, its telemetry stale, its decisions replayed)."""
+    paths = [settings.clickhouse_dir, WORKER_DIR, Path("var/report.html")]
+    paths += [p for p in (settings.truth_file, settings.spool_dir) if p is not None]
+    paths += [Path("var") / f"{name}.log" for name in ("worker", "sim")]
+    if own_broker:
+        LocalKafkaBroker(broker_settings).down()  # one an earlier --keep-running left up
+        paths.append(broker_settings.broker_dir)
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    print("[demo] starting clean (var/ from an earlier run removed; --resume keeps it)")
+
+
+def _catch_up(
+    settings: SimSettings, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float = 120.0
+) -> None:
+    """Wait until the worker has committed every ingested topic to its end.
+
+    The worker commits offsets only after ClickHouse holds the rows, so zero lag on
+    every topic means everything the fleet and the controllers sent is stored.
+    """
+    group = WorkerSettings().app_id
+    topics = [settings.topic_prefix + t.name for t in INGESTED_TOPICS]
+    started = time.monotonic()
+    lag: dict[str, int] = {}
+    while time.monotonic() - started < timeout_s:
+        if procs["worker"].poll() is not None:
+            raise RuntimeError(
+                f"the worker exited ({procs['worker'].returncode}); see var/worker.log"
+            )
+        lag = asyncio.run(fetch_lag(settings.kafka_bootstrap, group, topics))
+        if len(lag) == len(topics) and not any(lag.values()):
+            print(f"[demo] ingestion caught up: every topic committed to its end "
+                  f"({time.monotonic() - started:.1f} s after the fleet stopped)")  # fmt: skip
+            return
+        time.sleep(0.5)
+    behind = {t: n for t, n in lag.items() if n}
+    print(f"[demo] ingestion still behind after {timeout_s:.0f} s: {behind}; counts are partial")
+
+
+@dataclass(slots=True)
+class Truth:
+    """What the simulator says happened (``var/sim/truth.jsonl``)."""
+
+    faults: list[dict[str, object]] = field(default_factory=list)
+    consequences: list[dict[str, object]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: Path | None) -> Truth:
+        truth = cls()
+        if path is None or not path.exists():
+            return truth
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            (truth.faults if row["record"] == "fault" else truth.consequences).append(row)
+        return truth
+
+    def device_with(self, kind: str) -> str | None:
+        return next((str(f["device_uuid"]) for f in self.faults if f["kind"] == kind), None)
+
+    def observed(self, what: str) -> list[dict[str, object]]:
+        return [c for c in self.consequences if c["what"] == what]
+
+    def named(self, device: str) -> bool:
+        """Whether a fault targets ``device`` or its node."""
+        return any(
+            device == f.get("device_uuid") or device.startswith(f"{f.get('node_id')}-")
+            for f in self.faults
+        )
 
 
 def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: float) -> None:
@@ -312,29 +418,28 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
     print(f"[demo] the simulator finished; {op.sent} commands sent")
 
 
-def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
+def _report(op: Operator, settings: SimSettings, truth: Truth) -> None:
     def table(title: str, sql: str, **fmt: str) -> None:
         print(f"\n[demo] {title}")
         db = settings.clickhouse_database
         print(format_table(run_query(settings, sql.format(db=db, since=op.since, **fmt))))
 
-    expected = op.sent + len(op.query(ISOLATED_SQL))
-    for _ in range(60):  # let the worker catch up with the last results
-        rows = op.query("SELECT count() FROM {db}.command_results WHERE ingested_at >= {since}")
-        if int(str(rows[0][0])) >= expected:
-            break
-        time.sleep(1)
     table("ClickHouse (embedded chDB, owned by the worker): rows this run", SUMMARY_SQL)
     table("every command and its result (budgets and caps: see control, below)", RESULTS_SQL)
+    unanswered = op.query(UNANSWERED_SQL)
+    if unanswered:
+        table(
+            "commands with no result: issued after the simulator (and its executors) stopped, "
+            "or still in flight",
+            UNANSWERED_SQL,
+        )
     table("the controllers' decisions (and the guardrail's refusals)", DECISIONS_SQL)
     table("capacity, batch and power control: what each pool and rack was given", CONTROL_SQL)
-    if op.quarantined:
-        table(f"{op.quarantined}: its health verdicts", VERDICTS_SQL, device=op.quarantined)
-        table(
-            f"{op.quarantined}: ECC storm, double-bit fault, quarantine",
-            DEVICE_SQL,
-            device=op.quarantined,
-        )
+    storm = truth.device_with("ecc_storm")
+    if storm:
+        table(f"{storm} (the scenario's ECC storm): its health verdicts", VERDICTS_SQL,
+              device=storm)  # fmt: skip
+        table(f"{storm}: ECC storm, double-bit fault, quarantine", DEVICE_SQL, device=storm)
     table("gemma-27b: cold, then warmed by the warming controller", COLD_SQL, model="gemma-27b")
     table(
         "dead letters",
@@ -344,8 +449,32 @@ def _report(op: Operator, settings: SimSettings, sim_url: str) -> None:
     print(f"\n[demo] ground truth of the injected faults: {settings.truth_file}")
     report = Path("var/report.html")
     with contextlib.redirect_stdout(io.StringIO()):  # the tables above already said it
-        run_report(settings, report, op.quarantined)
+        run_report(settings, report, storm or op.quarantined)
     print(
         f"[demo] every SRE question answered, with charts: {report} (`fleetloop report`); "
         f"live dashboards at {settings.query_url}/dashboards while the worker runs"
     )
+
+
+def _safety(op: Operator, truth: Truth) -> list[str]:
+    """Print each safety promise kept or broken; return the broken ones."""
+    broken = [f"breaker tripped on {c['target']} at t={c['t_s']} s"
+              for c in truth.observed("breaker_trip")]  # fmt: skip
+    broken += [f"{c['target']} lost to heat at t={c['t_s']} s"
+               for c in truth.observed("device_lost_overheat")]  # fmt: skip
+    isolated = {str(target) for target, action, *_ in op.query(ISOLATED_SQL)
+                if action in ("drain", "quarantine")}  # fmt: skip
+    broken += [f"{d} isolated with nothing wrong with it"
+               for d in sorted(isolated) if not truth.named(d)]  # fmt: skip
+    print("\n[demo] safety promises")
+    for c in truth.observed("over_breaker_limit"):
+        margin = float(str(c["trip_after_s"])) - float(str(c["duration_s"]))
+        print(
+            f"  {c['target']}: over its breaker limit for {c['duration_s']} s of the "
+            f"{c['trip_after_s']} s that trip it (margin {margin:.1f} s), t={c['t_s']} s"
+        )
+    for line in broken:
+        print(f"  BROKEN: {line}")
+    if not broken:
+        print("  kept: no breaker trip, no device lost, no healthy device isolated")
+    return broken

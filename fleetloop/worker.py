@@ -61,7 +61,7 @@ def _demand_wiring(settings: WorkerSettings) -> DemandWiring | None:
     )
 
 
-def _control_wiring(settings: WorkerSettings) -> ControlWiring | None:
+def control_wiring(settings: WorkerSettings) -> ControlWiring | None:
     if "control" not in settings.roles:
         return None
     key = _command_key(settings)
@@ -100,7 +100,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
         lag_interval_s=settings.lag_interval_s,
         health=_health_wiring(settings),
         demand=_demand_wiring(settings),
-        control=_control_wiring(settings),
+        control=control_wiring(settings),
     )
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

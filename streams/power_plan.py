@@ -1,7 +1,9 @@
 """The control role's power side: each rack's power controller and its batch moves.
 
-Per rack, once per control period of event time, from PDU readings (the phases
-summed) and accelerator telemetry (each device's draw and power limit), its
+Per rack, once per control period of event time (or at once when a reading puts
+the rack over its target: a breaker's trip clock runs in seconds, a period is
+ten), from PDU readings (the phases summed) and accelerator telemetry (each
+device's draw and power limit), its
 :class:`~controllers.power.PowerController` caps or lifts devices, those
 busiest with optional work first (criticality is the share of a device's
 recent requests that were baseline work, from serving telemetry). A rack whose
@@ -36,6 +38,8 @@ class _Rack:
     power: PowerController
     period: int = -1
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # watts, limit
+    latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # each phase's last
+    closed_early: int = -1  # the period a reading over the target closed before its end
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
 
 
@@ -117,17 +121,30 @@ class RackPlanner(ThrottleIssuer):
             rack = self.racks[r.rack_id] = _Rack(PowerController(self.w.power))
         period, out = self._period(r.observed_at), []
         if period > rack.period >= 0:
-            out = self._close_rack(r.rack_id, rack)
+            if rack.closed_early != rack.period:
+                out = self._close_rack(r.rack_id, rack, rack.phases, self._end(rack.period))
+            rack.phases = {}
         if period >= rack.period:
             rack.period = period
             rack.phases[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
+            rack.latest[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
+            if rack.closed_early != period and self._over_target(rack):
+                # the breaker's clock is running: act on this reading, not at the period's end
+                rack.closed_early = period
+                out += self._close_rack(r.rack_id, rack, rack.latest, r.observed_at)
         return out
 
-    def _close_rack(self, rack_id: str, rack: _Rack) -> list[Output]:
-        w, end = self.w, self._end(rack.period)
-        draw = sum(p for p, _ in rack.phases.values()) if rack.phases else None
-        limit = sum(lim for _, lim in rack.phases.values())
-        rack.phases = {}
+    def _over_target(self, rack: _Rack) -> bool:
+        draw = sum(p for p, _ in rack.latest.values())
+        return draw > self.w.power.target_ratio * sum(lim for _, lim in rack.latest.values())
+
+    def _close_rack(
+        self, rack_id: str, rack: _Rack, phases: dict[str, tuple[float, float]], end: datetime
+    ) -> list[Output]:
+        """One step of the rack's controller on ``phases`` (each phase's last reading)."""
+        w = self.w
+        draw = sum(p for p, _ in phases.values()) if phases else None
+        limit = sum(lim for _, lim in phases.values())
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
             now=end.timestamp(), draw_watts=draw, limit_watts=limit,

@@ -160,9 +160,10 @@ class FaultClock:
                 a.cold.append((f.model, f.region, p("rps")))
         return a
 
-    def record(self, *, t_s: float, what: str, target: str) -> None:
-        """A consequence the fleet observed (double-bit fault, breaker trip...)."""
-        self.consequences.append({"t_s": round(t_s, 3), "what": what, "target": target})
+    def record(self, *, t_s: float, what: str, target: str, **detail: float) -> None:
+        """A consequence the fleet observed (double-bit fault, breaker trip, a rack over its
+        breaker limit for ``duration_s`` of its ``trip_after_s``...)."""
+        self.consequences.append({"t_s": round(t_s, 3), "what": what, "target": target, **detail})
 
     def truth(self, start: datetime) -> list[dict[str, Any]]:
         """Ground truth rows: every fault, then every consequence, with instants."""

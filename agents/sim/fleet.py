@@ -418,12 +418,18 @@ class Fleet:
                 (0.0 if n.down else HOST_WATTS) + sum(d.power_watts for d in n.devices)
                 for n in rack.nodes
             )
+            trip_after_s = active.trip_after_s.get(rack.rack_id, 10.0)
             if rack.power_watts > rack.effective_limit_watts and not rack.tripped:
                 rack.over_since_s = rack.over_since_s if rack.over_since_s is not None else t
-                if t - rack.over_since_s >= active.trip_after_s.get(rack.rack_id, 10.0):
+                if t - rack.over_since_s >= trip_after_s:
                     rack.tripped = True
                     self.faults.record(t_s=t, what="breaker_trip", target=rack.rack_id)
             elif rack.power_watts <= rack.effective_limit_watts:
+                if rack.over_since_s is not None and not rack.tripped:  # how close it came
+                    self.faults.record(
+                        t_s=t, what="over_breaker_limit", target=rack.rack_id,
+                        duration_s=round(t - rack.over_since_s, 3), trip_after_s=trip_after_s,
+                    )  # fmt: skip
                 rack.over_since_s = None
             for node in rack.nodes:
                 if was_tripped and not rack.tripped:

@@ -296,6 +296,7 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
     wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
     racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
+    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     made: list[Output] = []
     for n in range(int(300 / sim.interval_s)):
         for _, event in sim.tick(n):
@@ -304,7 +305,11 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
             elif isinstance(event, ServingMetrics):
                 racks.serving(event)
             elif isinstance(event, PduReading):
-                made += racks.pdu(event)
+                out = racks.pdu(event)
+                made += out
+                for o in out:  # the caps land, so they hold (and the rack does not trip)
+                    if o.command is not None:
+                        host.handle(o.command, now=sim.now, received_at=sim.now)
     moves = [o for o in made if o.decision.action == "move_batch"]
     assert moves and all(o.command is None for o in moves)  # nothing is sent anywhere
     stays = [o.decision for o in moves if "stays" in o.decision.message]
