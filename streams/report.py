@@ -1,5 +1,11 @@
 """The SRE report: every question's answer as a table, plus charts, as one HTML page.
 
+Sections in the order an SRE reads (:data:`SECTIONS`): the fleet now, what was
+isolated and why, commands and results, capacity and power, demand and warming,
+dead letters; each chart sits in its section. Cells are formatted for people
+(short numbers, instants to the second, maps as ``key=value``), and a wide table
+scrolls in its own box, so the page fits 1400 px.
+
 Built from a query function (``sql -> QueryResult``), so the same page comes
 from `fleetloop report` (any ClickHouse) and, live, from the process that owns
 the embedded data.
@@ -20,17 +26,31 @@ Charts:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from streams.charts import Point, line_chart
+from streams.charts import Point, fmt_number, line_chart
 from streams.clickhouse_store import QueryResult
 from streams.questions import Question, literal, load_questions
 
 Query = Callable[[str], QueryResult]
+Chart = tuple[str, str]  # the section it belongs to, its HTML
+
+SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # in the order an SRE reads: now, what we took out, what we told the fleet, ...
+    ("now", "Fleet now", ("fleet_health_now", "silent_nodes", "slo_attainment")),
+    ("isolated", "What was isolated, and why", ("devices_by_verdict", "device_timeline")),
+    ("commands", "Commands and results",
+     ("commands_by_outcome", "command_latency", "decisions_by_reason")),
+    ("control", "Capacity and power", ("capacity_control", "power_headroom", "batch_moves")),
+    ("demand", "Demand and warming", ("cold_starts", "forecast_error")),
+    ("dead", "Dead letters", ("dead_letters",)),
+)  # fmt: skip
+"""Sections of the report; a question no section names goes under "Other questions"."""
 
 ISOLATED_SQL = """
 SELECT c.target_device_uuid FROM {db}.commands AS c
@@ -95,16 +115,29 @@ FROM {db}.commands ORDER BY issued_at LIMIT 1 BY command_id LIMIT 40
 """
 
 STYLE = """
-body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}p.q{color:#555;margin:4px 0 8px}
-table{border-collapse:collapse;font:12px ui-monospace,monospace}
-td,th{border:1px solid #ddd;padding:3px 6px;text-align:left}th{background:#f4f4f4}
-svg.chart{width:100%;max-width:860px;background:#fff;border:1px solid #eee;margin:8px 0}
-svg .title{font-weight:600;font-size:13px}svg .frame{fill:none;stroke:#ccc}
-svg .ytick{font-size:10px;text-anchor:end}svg .xtick{font-size:10px;text-anchor:middle}
-svg .line{fill:none;stroke-width:1.6}svg .legend{font-size:11px}
-svg .marker{stroke:#999;stroke-dasharray:3 3}svg .marker-label{font-size:9px;fill:#555}
-svg .ylabel{font-size:10px}.err{color:#b00}
+body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;padding:20px 28px;color:#222;
+  max-width:1320px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:20px;margin:36px 0 6px;padding-top:10px;
+  border-top:2px solid #e4e4e4}h3{font-size:16px;margin:22px 0 2px}
+p.q{color:#555;margin:2px 0 8px}nav a{margin-right:14px}
+div.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;font:13px ui-monospace,monospace}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;
+  white-space:nowrap}td.w{white-space:normal;min-width:18em;max-width:40em;
+  overflow-wrap:break-word}
+th{background:#f4f4f4}td.n{text-align:right;white-space:nowrap}
+figure.chart{margin:10px 0 18px;max-width:1000px}
+svg.chart{width:100%;height:auto;background:#fff;border:1px solid #e6e6e6}
+svg .title{font-weight:600;font-size:15px}svg .frame{fill:none;stroke:#bbb}
+svg .grid{stroke:#eee}svg .ytick{font-size:12px;text-anchor:end;fill:#444}
+svg .xtick{font-size:12px;text-anchor:middle;fill:#444}
+svg .ylabel{font-size:12px;text-anchor:middle;fill:#444}
+svg .line{fill:none;stroke-width:2}svg .marker{stroke:#777;stroke-dasharray:3 3}
+svg .badge{fill:#fff;stroke:#777}svg .badge-n{font-size:10px;text-anchor:middle;fill:#333}
+figcaption{font-size:13px;color:#333}.legend{display:flex;flex-wrap:wrap;gap:4px 16px}
+.key{display:inline-flex;align-items:center;gap:6px}
+ol.markers{margin:6px 0 0;padding-left:28px;columns:2;column-gap:28px}
+.note{color:#666;font-size:12px}.err{color:#b00}
 """
 
 
@@ -150,9 +183,10 @@ def _num(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def charts(query: Query, *, database: str, device: str | None) -> list[str]:
+def charts(query: Query, *, database: str, device: str | None) -> list[Chart]:
+    """Every chart, with the report section it belongs to."""
     db = database
-    out = []
+    out: list[Chart] = []
     if device:
         quoted = literal("String", device)
         rows = query(DEVICE_SQL.format(db=db, device=quoted)).rows
@@ -162,7 +196,8 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         ]
         peak_w = max((_num(r[2]) or 0.0 for r in rows), default=1.0) or 1.0
         peak_c = max((_num(r[3]) or 0.0 for r in rows), default=1.0) or 1.0
-        out.append(
+        out.append((
+            "isolated",
             line_chart(
                 f"{device}: telemetry, verdicts and actions (power and temperature scaled to "
                 "their peak)",
@@ -177,13 +212,15 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
                 },
                 markers=marks,
                 y_label="ratio",
-            )
-        )
+                step_s=60,
+            ),
+        ))  # fmt: skip
     demand: dict[str, list[Point]] = {}
     for minute, model, requests, served in query(DEMAND_SQL.format(db=db)).rows:
         demand.setdefault(f"{model} demanded", []).append((as_utc(minute), _num(requests)))
         demand.setdefault(f"{model} served", []).append((as_utc(minute), _num(served)))
-    out.append(line_chart("demand against served, requests per minute", demand, y_label="requests"))
+    title = "demand against served, requests per minute"
+    out.append(("demand", line_chart(title, demand, y_label="requests", step_s=60)))
     forecast: dict[str, list[Point]] = {}
     for target_at, model, point, high, actual in query(FORECAST_SQL.format(db=db)).rows:
         at = as_utc(target_at)
@@ -193,24 +230,23 @@ def charts(query: Query, *, database: str, device: str | None) -> list[str]:
         if _num(actual):
             forecast.setdefault(f"{model} actual", []).append((at, _num(actual)))
     warms = [(as_utc(t), str(label)) for t, label in query(WARM_SQL.format(db=db)).rows]
-    out.append(
+    out.append((
+        "demand",
         line_chart(
             "demand forecast (shortest horizon, with the band's top) against actual, and warming",
             forecast,
             markers=warms,
             y_label="requests/s",
-        )
-    )
+        ),
+    ))  # fmt: skip
     latency: dict[str, list[Point]] = {}
     for minute, pool, tpot in query(LATENCY_SQL.format(db=db)).rows:
         latency.setdefault(str(pool), []).append((as_utc(minute), _num(tpot)))
     marks = [(as_utc(t), str(label)) for t, label in query(ACTIONS_SQL.format(db=db)).rows]
-    out.append(
-        line_chart(
-            "latency per pool (p95 TPOT, s) and commands", latency, markers=marks, y_label="seconds"
-        )
-    )
-    out.append(_control_chart(query, database=db))
+    title = "latency per pool (p95 TPOT) and the commands sent"
+    chart = line_chart(title, latency, markers=marks, y_label="seconds", step_s=60)
+    out.append(("commands", chart))
+    out.append(("control", _control_chart(query, database=db)))
     return out
 
 
@@ -239,7 +275,30 @@ def _control_chart(query: Query, *, database: str) -> str:
         series,
         markers=marks,
         y_label="ratio",
+        step_s=60,
     )
+
+
+def cell(value: Any) -> str:
+    """One value as an SRE reads it: short numbers, instants to the second, no Python
+    reprs (a map as ``key: value``, a list comma-separated), empty for NULL."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt_number(value) if math.isfinite(value) else str(value)
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 100_000 else str(value)
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ("; " if any(isinstance(v, Mapping) for v in value) else ", ").join(
+            cell(v) for v in value
+        )
+    return str(value)
 
 
 def html_table(result: QueryResult, limit: int = 200) -> str:
@@ -247,32 +306,49 @@ def html_table(result: QueryResult, limit: int = 200) -> str:
     if not result.rows:
         return "<p>no rows</p>"
     head = "".join(f"<th>{escape(str(c))}</th>" for c in result.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
-        for row in result.rows[:limit]
-    )
+
+    def td(v: Any) -> str:
+        text = cell(v)
+        numeric = isinstance(v, int | float) and not isinstance(v, bool)
+        kind = " class=n" if numeric else " class=w" if len(text) > 40 else ""  # w: wraps
+        return f"<td{kind}>{escape(text)}</td>"
+
+    body = "".join("<tr>" + "".join(td(v) for v in row) + "</tr>" for row in result.rows[:limit])
     more = f"<p>{len(result.rows) - limit} more rows</p>" if len(result.rows) > limit else ""
-    return f"<table><tr>{head}</tr>{body}</table>{more}"
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>{more}"
 
 
 def render_html(
-    answers: list[Answer], chart_svgs: list[str], *, title: str, refresh_s: int = 0
+    answers: list[Answer], chart_list: list[Chart], *, title: str, refresh_s: int = 0
 ) -> str:
+    """The report: one section per concern, each with its charts, then its questions."""
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    by_name = {a.question.name: a for a in answers}
+    named = {n for _, _, names in SECTIONS for n in names}
+    sections = [*SECTIONS, ("other", "Other questions",
+                            tuple(n for n in by_name if n not in named))]  # fmt: skip
+    nav = "".join(f"<a href='#{key}'>{escape(heading)}</a>" for key, heading, _ in sections)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'>{refresh}<title>{escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>",
-        f"<p>generated {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC</p>",
-        *chart_svgs,
+        f"<meta name='viewport' content='width=device-width'><style>{STYLE}</style></head>"
+        f"<body><h1>{escape(title)}</h1>"
+        f"<p class='q'>generated {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC</p><nav>{nav}</nav>",
     ]
-    for a in answers:
-        parts.append(
-            f"<h2 id='{a.question.name}'>{escape(a.question.name)}</h2>"
-            f"<p class='q'>{escape(a.question.question)}</p>"
-        )
-        if a.result is not None:
-            parts.append(html_table(a.result))
-        else:
-            parts.append(f"<p class='err'>{escape(a.error or '')}</p>")
+    for key, heading, names in sections:
+        present = [by_name[n] for n in names if n in by_name]
+        drawn = [html for section, html in chart_list if section == key]
+        if not present and not drawn:
+            continue
+        parts.append(f"<h2 id='{key}'>{escape(heading)}</h2>")
+        parts += drawn
+        for a in present:
+            parts.append(
+                f"<h3 id='{a.question.name}'>{escape(a.question.name)}</h3>"
+                f"<p class='q'>{escape(a.question.question)}</p>"
+            )
+            if a.result is not None:
+                parts.append(html_table(a.result))
+            else:
+                parts.append(f"<p class='err'>{escape(a.error or '')}</p>")
     parts.append("</body></html>")
     return "".join(parts)

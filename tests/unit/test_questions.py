@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 from typing import Any
 
@@ -295,15 +297,71 @@ def test_report_answers_everything_and_draws_the_isolation(
     )
     assert [a.error for a in answers if a.error] == []
     assert {a.question.name for a in answers} == set(QUESTIONS)
-    svgs = charts(query, database=db.database, device=device)
+    drawn = charts(query, database=db.database, device=device)
+    svgs = [html for _, html in drawn]
+    assert [section for section, _ in drawn] == [
+        "isolated", "demand", "demand", "commands", "control"
+    ]  # fmt: skip
     assert len(svgs) == 5 and all("<polyline" in s for s in svgs)
     assert " budget" in svgs[4] and "TPOT p95 / SLO" in svgs[4] and "power: power_cap" in svgs[4]
     assert " forecast" in svgs[2] and " actual" in svgs[2] and "warm gemma-27b@us-east" in svgs[2]
     assert "quarantine (double_bit_ecc)" in svgs[0] and "verdict failed" in svgs[0]
-    html = render_html(answers, svgs, title="t")
+    html = render_html(answers, drawn, title="t")
     for name in QUESTIONS:
-        assert f"<h2 id='{name}'>" in html
+        assert f"<h3 id='{name}'>" in html
     assert html.count("<table>") == len(QUESTIONS)
+    # sections in the order an SRE reads them, each chart inside its own
+    headings = ["Fleet now", "What was isolated, and why", "Commands and results",
+                "Capacity and power", "Demand and warming", "Dead letters"]  # fmt: skip
+    at = [html.index(f">{escape(h)}</h2>") for h in headings]
+    assert at == sorted(at)
+    assert at[1] < html.index("verdict failed") < at[2]
+    assert "{'" not in html and "Decimal(" not in html  # no Python reprs in cells
+
+
+LAYOUT_PROBE = """<script>
+const figures = [...document.querySelectorAll('figure.chart, figcaption, table')];
+document.body.setAttribute('data-layout', JSON.stringify({
+  overflow: document.documentElement.scrollWidth - window.innerWidth,
+  right: Math.max(...[...document.querySelectorAll('figure.chart, figcaption')]
+                  .map(e => e.getBoundingClientRect().right)),
+  charts: document.querySelectorAll('figure.chart svg.chart').length,
+  width: window.innerWidth}));
+</script>"""
+
+
+def test_the_report_reads_at_1400_px_in_headless_chromium(
+    seeded: tuple[ClickHouseStore, Seeded], tmp_path: Path
+) -> None:
+    # Debian's chromium lays the page out: nothing runs off the side (a wide table
+    # scrolls in its own box), every chart with its legend and markers fits the window.
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "needs Debian's chromium package (scripts/test.sh installs it)"
+    db = seeded[0]
+
+    def query(sql: str) -> QueryResult:
+        return db.query(sql, readonly=True)
+
+    device = isolated_device(query, database=db.database)
+    answers = answer_all(
+        query, database=db.database, values={"device_timeline": {"device_uuid": str(device)}}
+    )
+    html = render_html(answers, charts(query, database=db.database, device=device), title="t")
+    page = tmp_path / "report.html"
+    page.write_text(html.replace("</body>", LAYOUT_PROBE + "</body>"))
+    done = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--window-size=1400,1000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'data-layout="([^"]+)"', done.stdout)
+    assert found, done.stdout[-2000:]
+    layout = json.loads(unescape(found.group(1)))
+    assert layout["width"] == 1400
+    assert layout["overflow"] <= 0, layout  # the page never scrolls sideways
+    assert layout["right"] <= 1400, layout
+    assert layout["charts"] == 5
 
 
 def test_fleetloop_report_and_ask_on_an_embedded_directory(tmp_path: Path) -> None:
