@@ -140,7 +140,7 @@ def line_chart(
         for run in runs:
             if len(run) == 1:  # a lone sample between gaps: a dot, not nothing
                 cx, cy = run[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.2" fill="{colour}"/>')
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{colour}" class="dot"/>')
             elif run:
                 parts.append(
                     f'<polyline points="{" ".join(run)}" stroke="{colour}"{style} class="line"/>'
