@@ -37,3 +37,14 @@ def test_late_events_never_move_it_back() -> None:
     clock.observe(START + timedelta(seconds=10), 0.0)
     clock.observe(START, 0.1)  # an old event arriving late
     assert clock.now(0.1) >= START + timedelta(seconds=10)
+
+
+def test_with_no_events_at_all_time_stops_after_a_while() -> None:
+    # a feed that has stopped (or a replay that has ended) must not go on deciding
+    clock = EventClock(max_ahead_s=60.0)
+    for i in range(10):
+        clock.observe(START + timedelta(seconds=i), float(i))
+    assert clock.now(30.0) == START + timedelta(seconds=30)
+    assert clock.now(10_000.0) == START + timedelta(seconds=9 + 60)
+    clock.observe(START + timedelta(seconds=500), 10_001.0)  # the feed is back
+    assert START + timedelta(seconds=500) <= clock.now(10_002.0) <= START + timedelta(seconds=501)
