@@ -5,6 +5,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY controllers ./controllers
+COPY models ./models
+COPY planning ./planning
 COPY agents ./agents
 COPY streams ./streams
 COPY fleetloop ./fleetloop

@@ -27,10 +27,11 @@ from datetime import UTC, datetime
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.settings import REPO_ROOT
+from planning.pools import ControlPlanner
+from planning.throttle import ControlWiring
 from schemas.base import Contract
 from schemas.codec import decode, encode
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
-from streams.control import ControlPlanner, ControlWiring
 
 SCENARIO = REPO_ROOT / "scenarios" / "pdu-overload.yaml"
 KINDS = (AcceleratorTelemetry, PduReading, ServingMetrics)

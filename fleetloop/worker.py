@@ -11,9 +11,9 @@ import faust
 
 from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
+from planning.throttle import ControlWiring
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
-from streams.control import ControlWiring
 from streams.demand import DemandWiring
 from streams.health import HealthWiring
 

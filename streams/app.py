@@ -27,11 +27,12 @@ from prometheus_client import (
     generate_latest,
 )
 
+from planning.throttle import ControlWiring
 from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
-from streams.control import ControlWiring, add_control
+from streams.control import add_control
 from streams.controller_metrics import ControllerMetrics
 from streams.dashboards import load_dashboards, render_page
 from streams.demand import DemandWiring, add_demand

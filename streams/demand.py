@@ -43,13 +43,13 @@ from controllers.clock import EventClock
 from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig, GuardReason
 from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy, WarmReason
 from models.forecast import DemandForecaster
+from planning.issuing import IssuerWiring, issue
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import Target, WarmAction, WarmCommand
 from schemas.events import Demand, ServingMetrics
 from schemas.topics import DECISIONS, DEMAND, FORECASTS, SERVING, WARM_COMMANDS, TopicSpec
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 from streams.controller_metrics import ControllerMetrics
-from streams.issuing import IssuerWiring, issue
 
 CONTROLLER = "warming"
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end

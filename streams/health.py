@@ -29,6 +29,7 @@ from controllers.clock import EventClock
 from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision
 from models.health import HealthConfig, HealthDetector
+from planning.issuing import IssuerWiring, issue
 from schemas.codec import DecodeError, decode, encode
 from schemas.commands import RouteCommand, Target
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
@@ -43,7 +44,6 @@ from schemas.topics import (
 )
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
 from streams.controller_metrics import ControllerMetrics
-from streams.issuing import IssuerWiring, issue
 
 log = logging.getLogger(__name__)
 CONTROLLER = "isolation"

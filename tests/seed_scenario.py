@@ -27,6 +27,8 @@ from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import IsolationLadder, LadderConfig
 from fleetloop.sim import build_host
 from models.health import HealthDetector
+from planning.pools import ControlPlanner
+from planning.throttle import ControlWiring
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import (
@@ -54,7 +56,6 @@ from schemas.topics import (
 )
 from schemas.verdicts import Decision, Verdict
 from streams.clickhouse_store import ClickHouseStore
-from streams.control import ControlPlanner, ControlWiring
 from streams.demand import DemandPlanner, DemandWiring, decide_warm
 from streams.health import HealthWiring, decide
 from streams.ingest import RawMessage, split

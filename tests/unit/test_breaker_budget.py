@@ -32,8 +32,8 @@ from agents.sim.simulation import Simulation
 from fleetloop.settings import WorkerSettings
 from fleetloop.sim import build_host
 from fleetloop.worker import control_wiring
+from planning.pools import ControlPlanner
 from schemas.commands import Command
-from streams.control import ControlPlanner
 from tests.factories import COMMAND_KEYS, START
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,15 @@ def test_dependencies_exist_and_prometheus_scrapes_our_ports() -> None:
             if isinstance(s.get("environment"), dict)
         ]
         assert "0.0.0.0" in values, f"{setting} must open the port to Prometheus"
+
+
+def test_the_image_copies_every_python_package() -> None:
+    # a package the wheel includes but the image never copied fails only at run time
+    root = Path(__file__).resolve().parents[2]
+    include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    dockerfile = (root / "Dockerfile").read_text()
+    for pattern in include:
+        package = pattern.rstrip("*")
+        assert f"COPY {package} ./{package}" in dockerfile, package

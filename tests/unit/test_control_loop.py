@@ -17,13 +17,14 @@ from agents.sim.simulation import Simulation
 from agents.sim.state import Device
 from controllers.power import PowerConfig
 from fleetloop.sim import build_host
+from planning.pools import ControlPlanner
+from planning.racks import RackPlanner
+from planning.throttle import ControlWiring, Output
 from schemas.base import Contract
 from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import DecisionOutcome
-from streams.control import ControlPlanner, ControlWiring, Output
-from streams.power_plan import RackPlanner
 from tests.factories import COMMAND_KEYS, START
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"

@@ -28,10 +28,11 @@ FRAMEWORKS = {
     "chdb",
 }
 RULES = {
-    "schemas": FRAMEWORKS | {"controllers", "models", "agents", "streams", "fleetloop"},
-    "controllers": FRAMEWORKS | {"models", "agents", "streams", "fleetloop"},
-    "models": (FRAMEWORKS - {"river"}) | {"agents", "streams", "fleetloop"},
-    "agents": {"streams", "fleetloop"},
+    "schemas": FRAMEWORKS | {"controllers", "models", "planning", "agents", "streams", "fleetloop"},
+    "controllers": FRAMEWORKS | {"models", "planning", "agents", "streams", "fleetloop"},
+    "models": (FRAMEWORKS - {"river"}) | {"planning", "agents", "streams", "fleetloop"},
+    "planning": FRAMEWORKS | {"agents", "streams", "fleetloop"},
+    "agents": {"planning", "streams", "fleetloop"},
     "streams": {"agents", "fleetloop"},
 }
 

@@ -20,10 +20,11 @@ from agents.sim.hardware import ACCELERATORS
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.sim import build_host
+from planning.pools import ControlPlanner
+from planning.throttle import ControlWiring
 from schemas.base import AcceleratorType
 from schemas.commands import ResultStatus, ThrottleAction, ThrottleCommand
 from schemas.events import AcceleratorTelemetry, PduPhase, PduReading
-from streams.control import ControlPlanner, ControlWiring
 from tests.factories import COMMAND_KEYS, START
 from tests.unit.test_control_loop import SCENARIOS
 

@@ -1,7 +1,7 @@
 """The control role's wiring, and how its controllers' decisions become throttle commands.
 
 Shared by the capacity side (:mod:`streams.control`) and the power side
-(:mod:`streams.power_plan`): both step once per ``period_s`` of event time and
+(:mod:`planning.racks`): both step once per ``period_s`` of event time and
 turn what changed into a :class:`~schemas.verdicts.Decision` and, with a
 signing key, a signed ``ThrottleCommand`` (:meth:`ThrottleIssuer.output`).
 """
@@ -18,9 +18,9 @@ from typing import Any
 from controllers.capacity import CapacityConfig, LeverConfig
 from controllers.power import PowerConfig
 from controllers.tpot_guard import TpotGuardConfig
+from planning.issuing import IssuerWiring, issue
 from schemas.commands import Target, ThrottleAction, ThrottleCommand
 from schemas.verdicts import Decision, DecisionOutcome
-from streams.issuing import IssuerWiring, issue
 
 
 @dataclass(frozen=True, slots=True)

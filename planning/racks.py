@@ -28,9 +28,9 @@ from controllers.power import (
     PowerPlan,
     PowerReason,
 )
+from planning.throttle import ControlWiring, Output, ThrottleIssuer
 from schemas.commands import ClockMode, Target, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
-from streams.throttle import ControlWiring, Output, ThrottleIssuer
 
 
 @dataclass(slots=True)

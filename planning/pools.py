@@ -1,0 +1,192 @@
+"""Capacity, batch and power control: telemetry per period in, throttle commands out.
+
+:class:`ControlPlanner` gathers, per pool and control period of event time,
+from serving telemetry: for each model it serves, the TPOT p95 that 95% of
+the model's requests were served within (replica p95s weighted by requests),
+the slowest model's standing for the pool; and each replica's batch and
+queue. At the period's end the pool's
+:class:`~controllers.capacity.CapacityController` sets its optional-work
+budget (latency over the SLO, and load over the batch slots the TPOT guard
+allows), spent on the two levers, and its
+:class:`~controllers.tpot_guard.TpotGuard` its batch-size target. Racks, their
+power caps and batch moves are the power side's
+(:class:`~planning.racks.RackPlanner`), which it feeds and tells each
+pool's headroom.
+
+Every step that changes something (or starts refusing to, for a reason an SRE
+would ask about: SLO breach, stale or invalid input, the global budget) is a
+:class:`~schemas.verdicts.Decision` with its reason and, for the budget, the
+P, I and D terms; with a signing key it is also a signed ``ThrottleCommand``
+(:mod:`planning.throttle`).
+
+``control.plan`` adapts both to faust. One instance sees every pool and rack
+(serving telemetry is keyed by node, PDU readings by PDU).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
+from controllers.tpot_guard import BatchReason, TpotGuard
+from planning.racks import RackPlanner
+from planning.throttle import ControlWiring, Output, ThrottleIssuer
+from schemas.base import Contract
+from schemas.commands import Target, ThrottleAction
+from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+
+NOTEWORTHY = {
+    CapacityReason.SLO_BREACH,
+    CapacityReason.STALE_INPUT,
+    CapacityReason.INVALID_INPUT,
+    CapacityReason.GLOBAL_BUDGET,
+}
+
+
+@dataclass(slots=True)
+class _Pool:
+    capacity: CapacityController
+    guard: TpotGuard
+    period: int = -1
+    # per model: (replica TPOT p95, requests) this period
+    tpot: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    # per replica: batch, queue, share of its requests that was baseline work, TPOT p95
+    replicas: dict[str, tuple[int, int, float, float | None]] = field(default_factory=dict)
+    said: CapacityReason | None = None  # the last reason a decision recorded
+    room_replicas: float = 0.0  # headroom at the last close, in replicas' worth of slots
+
+
+class ControlPlanner(ThrottleIssuer):
+    """See the module docstring."""
+
+    def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
+        super().__init__(w, new_id=new_id)
+        self.pools: dict[str, _Pool] = {}
+        self.global_budget = GlobalBudget(w.global_budget_devices)
+        self.power = RackPlanner(w, new_id=new_id, rooms=self._rooms)
+
+    def _rooms(self) -> dict[str, float]:
+        return {name: pool.room_replicas for name, pool in self.pools.items()}
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def feed(self, value: Contract) -> list[Output]:
+        """One event of whichever kind: serving, PDU or accelerator telemetry (the rest is
+        not the planner's and changes nothing)."""
+        if isinstance(value, ServingMetrics):
+            return self.serving(value)
+        if isinstance(value, PduReading):
+            return self.pdu(value)
+        if isinstance(value, AcceleratorTelemetry):
+            self.accelerator(value)
+        return []
+
+    def accelerator(self, t: AcceleratorTelemetry) -> None:
+        self.power.accelerator(t)
+
+    def pdu(self, r: PduReading) -> list[Output]:
+        return self.power.pdu(r)
+
+    def serving(self, m: ServingMetrics) -> list[Output]:
+        pool = self.pools.get(m.pool)
+        if pool is None:
+            pool = self.pools[m.pool] = _Pool(
+                CapacityController(self.w.capacity), TpotGuard(self.w.tpot_guard)
+            )
+        period, out = self._period(m.observed_at), []
+        if period > pool.period >= 0:
+            out = self._close_pool(m.pool, pool)
+        if period >= pool.period:
+            pool.period = period
+            if m.tpot_p95_s is not None:
+                pool.tpot.setdefault(m.model, []).append((m.tpot_p95_s, max(m.requests, 1)))
+            baseline = 1.0
+            if m.optional_requests is not None and m.requests > 0:
+                baseline = 1.0 - m.optional_requests / m.requests
+            self.power.serving(m)
+            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline, m.tpot_p95_s)
+        return out
+
+    # -- period ends ----------------------------------------------------------------------
+
+    def _close_pool(self, name: str, pool: _Pool) -> list[Output]:
+        w, end = self.w, self._end(pool.period)
+        # each model is held to the SLO on its own: the pool answers for its slowest
+        per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
+        tpot = max((t for t in per_model if t is not None), default=None)
+        replicas = pool.replicas
+        pool.tpot, pool.replicas = {}, {}
+        # what the pool can run: each replica's batch target, or less where its TPOT would
+        # pass the latency setpoint first
+        slots = max(1e-9, sum(self._room(b, replica_tpot, pool.guard.target)
+                              for b, _, _, replica_tpot in replicas.values()))  # fmt: skip
+        load = sum(b + q for b, q, _, _ in replicas.values()) / slots
+        # the work that is not optional: what the budget must leave room for (feedforward)
+        base = sum((b + q) * share for b, q, share, _ in replicas.values()) / slots
+        before = pool.capacity.budget
+        d = pool.capacity.step(
+            now=end.timestamp(),
+            latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
+            load_ratio=load,
+            baseline_ratio=base if replicas else None,
+        )
+        pool.room_replicas = max(0.0, w.capacity.load_setpoint_ratio - base) * len(replicas)
+        granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
+        if pool.capacity.limit(granted):
+            d = replace(
+                d, applied=granted, reason=CapacityReason.GLOBAL_BUDGET,
+                message=f"{d.message}; the fleet's optional-work limit leaves {granted:.3f}",
+            )  # fmt: skip
+        out = []
+        # a change is always recorded; a noteworthy hold once, when it starts
+        if d.applied != before or (d.reason in NOTEWORTHY and d.reason is not pool.said):
+            pool.said = d.reason
+            spend = split_levers(d.applied, base, w.levers)
+            out.append(self._output(
+                end, name, "capacity", ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
+                f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
+                f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
+                Target(pool=name), changed=d.applied != before,
+                extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
+                       "i_term": d.i, "d_term": d.d},
+                params={"opportunistic_budget_ratio": round(d.applied, 4),
+                        "funnel_extra_candidates": round(spend.funnel_extra, 3),
+                        "upgrade_ratio": round(spend.upgrade_ratio, 4)},
+            ))  # fmt: skip
+        in_use = max((b for b, _, _, _ in replicas.values()), default=None)
+        b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
+        if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
+            out.append(self._output(
+                end, name, "tpot_guard", ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
+                Target(pool=name), changed=True,
+                extra={"desired": float(b.target), "applied": float(b.target)},
+                params={"batch_size_max": b.target},
+            ))  # fmt: skip
+        return out
+
+    def _room(self, batch: int, tpot_p95_s: float | None, target: int) -> float:
+        """The batch a replica can run with its TPOT p95 at the latency setpoint."""
+        if tpot_p95_s is None or tpot_p95_s <= 0:
+            return float(target)
+        k, w = self.w.tpot_doubling_batch, self.w
+        base_s = tpot_p95_s / (1.0 + batch / k)  # its TPOT at a batch of one
+        allowed_s = w.capacity.setpoint_ratio * w.tpot_slo_s
+        return min(float(target), max(0.0, k * (allowed_s / base_s - 1.0)))
+
+
+def _pool_p95(samples: list[tuple[float, int]]) -> float | None:
+    """A model's TPOT p95 in a pool from its replicas' (p95, requests): the replica p95
+    that 95% of the period's requests were served at or under. One slow replica that serves
+    few (a device being drained, say) does not stop the pool's optional work; one that
+    serves a twentieth of them does."""
+    if not samples:
+        return None
+    total = sum(n for _, n in samples)
+    seen = 0
+    for tpot, n in sorted(samples):
+        seen += n
+        if seen >= 0.95 * total:
+            return tpot
+    return max(t for t, _ in samples)
