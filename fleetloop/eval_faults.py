@@ -45,12 +45,12 @@ from fleetloop.sim import build_host
 from fleetloop.topics_admin import ensure_topics, read_topic
 from models.fault_scoring import FaultScore, faults_from_truth, score
 from models.health import HealthDetector
+from planning.isolation import HealthWiring, decide
 from schemas.codec import decode
 from schemas.commands import RouteCommand
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import DECISIONS, ROUTE_COMMANDS, VERDICTS
 from schemas.verdicts import Decision, Verdict
-from streams.health import HealthWiring, decide
 
 
 @dataclass(frozen=True, slots=True)

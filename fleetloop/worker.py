@@ -11,11 +11,11 @@ import faust
 
 from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
+from planning.demand import DemandWiring
+from planning.isolation import HealthWiring
 from planning.throttle import ControlWiring
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
-from streams.demand import DemandWiring
-from streams.health import HealthWiring
 
 log = logging.getLogger(__name__)
 

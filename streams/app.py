@@ -27,6 +27,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from planning.demand import DemandWiring
+from planning.isolation import HealthWiring
 from planning.throttle import ControlWiring
 from schemas.codec import encode
 from schemas.commands import DeadLetter
@@ -35,8 +37,8 @@ from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.control import add_control
 from streams.controller_metrics import ControllerMetrics
 from streams.dashboards import load_dashboards, render_page
-from streams.demand import DemandWiring, add_demand
-from streams.health import HealthWiring, add_health
+from streams.demand import add_demand
+from streams.health import add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
 from streams.rows import Coordinates

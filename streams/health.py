@@ -5,9 +5,10 @@ keyed by node, so one worker sees every signal of the nodes it owns), feeds
 :class:`~models.health.HealthDetector` and publishes verdicts. ``health.isolate``
 reads every verdict (one partition: its guardrail is fleet-wide), steps the
 :class:`~controllers.isolation.IsolationLadder`, and publishes one decision
-per step, plus a signed route command when the step is allowed and a signing
-key is configured (advisory otherwise: the decision says what would have been
-sent). A one-second timer lets dwell times and probations run out.
+per step (:func:`planning.isolation.decide`), plus a signed route command when
+the step is allowed and a signing key is configured (advisory otherwise: the
+decision says what would have been sent). A one-second timer lets dwell times
+and probations run out.
 
 Both keep their model state in memory; a restarted worker relearns it (the
 cohorts within a minute, a device's history over its next samples).
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,12 +25,11 @@ import faust
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
-from controllers.guardrail import Guardrail, GuardrailConfig
-from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision
-from models.health import HealthConfig, HealthDetector
-from planning.issuing import IssuerWiring, issue
+from controllers.guardrail import Guardrail
+from controllers.isolation import REASONS, IsolationLadder, LadderDecision
+from models.health import HealthDetector
+from planning.isolation import CONTROLLER, HealthWiring, decide
 from schemas.codec import DecodeError, decode, encode
-from schemas.commands import RouteCommand, Target
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import (
     ACCELERATOR,
@@ -42,22 +40,10 @@ from schemas.topics import (
     VERDICTS,
     TopicSpec,
 )
-from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
+from schemas.verdicts import HealthStatus, Verdict
 from streams.controller_metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
-CONTROLLER = "isolation"
-
-
-@dataclass(frozen=True, slots=True)
-class HealthWiring(IssuerWiring):
-    """What the health processors need besides the app."""
-
-    issuer: str = "isolation-controller"
-    batch_within_s: float = 0.05
-    detector: HealthConfig = field(default_factory=HealthConfig)
-    ladder: LadderConfig = field(default_factory=LadderConfig)
-    guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
 
 
 class HealthMetrics:
@@ -206,43 +192,3 @@ def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
             m.locked_out.set(0)
             log.warning("guardrail reset by a person (was locked out: %s)", was)
             return self.json({"locked_out": False, "was_locked_out": was})
-
-
-def decide(
-    step: LadderDecision, now: datetime, w: HealthWiring
-) -> tuple[Decision, RouteCommand | None]:
-    """One ladder step -> its decision record and, when allowed and keyed, its command."""
-    v = step.verdict
-    decision_id = uuid.uuid4()
-    command: RouteCommand | None = None
-    if not step.allowed:
-        outcome = DecisionOutcome.REFUSED
-    else:
-        command = issue(
-            RouteCommand, w, at=now, decision_id=decision_id,
-            target=Target(device_uuid=step.device_uuid), reason=step.reason,
-            message=step.message, cause_event_id=v.cause_event_id,
-            cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,
-        )  # fmt: skip
-        outcome = DecisionOutcome.ADVISORY if command is None else DecisionOutcome.ISSUED
-    decision = Decision(
-        decision_id=decision_id,
-        decided_at=now,
-        controller=CONTROLLER,
-        target=step.device_uuid,
-        pool=v.pool,
-        rack_id=v.rack_id,
-        action=step.action.value,
-        outcome=outcome,
-        reason=step.reason,
-        message=step.message,
-        verdict_id=v.verdict_id,
-        verdict_status=v.status,
-        command_id=None if command is None else command.command_id,
-        cause_event_id=v.cause_event_id,
-        cause_observed_at=v.observed_at,
-        cause_appended_at=v.cause_appended_at,
-        desired=float(step.rung),
-        applied=float(step.rung) if step.allowed else None,
-    )
-    return decision, command

@@ -27,6 +27,8 @@ from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import IsolationLadder, LadderConfig
 from fleetloop.sim import build_host
 from models.health import HealthDetector
+from planning.demand import DemandPlanner, DemandWiring, decide_warm
+from planning.isolation import HealthWiring, decide
 from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
 from schemas.base import Contract
@@ -56,8 +58,6 @@ from schemas.topics import (
 )
 from schemas.verdicts import Decision, Verdict
 from streams.clickhouse_store import ClickHouseStore
-from streams.demand import DemandPlanner, DemandWiring, decide_warm
-from streams.health import HealthWiring, decide
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink

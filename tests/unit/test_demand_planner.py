@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 
 from controllers.warming import WarmReason
+from planning.demand import DemandPlanner, DemandWiring, decide_warm
 from schemas.commands import WarmAction
 from schemas.events import Demand, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import DecisionOutcome
-from streams.demand import DemandPlanner, DemandWiring, decide_warm
 from tests.factories import COMMAND_KEYS, START
 
 

@@ -1,0 +1,242 @@
+"""Demand forecasting and predictive warming: the planner.
+
+:class:`DemandPlanner` sums the demand events of each (model, region) into steps
+of ``step_s`` (event time). When a step ends it learns the step's request rate
+into that key's :class:`~models.forecast.DemandForecaster`, forecasts every
+horizon with its band, counts the replicas that served in the step (and those
+it asked for that are still loading), and asks the key's
+:class:`~controllers.warming.WarmingPolicy` what to do. A warm goes to the
+pool that already serves the model in that region (most replicas), else to
+``default_pool``; a cool to the pool with most replicas.
+
+Every warm and cool passes the shared guardrail (:meth:`Guardrail.check_scaling`:
+fail-static on stale demand; cools rate-limited per model and pool, and none
+during a lockout); a refusal is a decision with the guardrail's reason.
+
+``demand.plan`` (:mod:`streams.demand`) adapts it: demand and serving telemetry
+in; forecasts on ``forecasts.v1``; a decision per warm or cool on
+``decisions.v1``, with a signed ``WarmCommand`` for the warmer when a signing
+key is configured.
+
+One replica's capacity is the highest rate per replica the key's replicas
+have carried so far (``replica_rps`` until they have carried any): a
+conservative estimate that grows with the load the fleet has seen. A
+replica's load time is per accelerator type (``load_s_by_accelerator``, the
+pool name's last part; ``load_s`` for the rest): a warm for a pool is judged
+on the forecast one of that pool's load times ahead, and every load time is
+one of the horizons forecast.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter as Tally
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig
+from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy
+from models.forecast import DemandForecaster
+from planning.issuing import IssuerWiring, issue
+from schemas.commands import Target, WarmAction, WarmCommand
+from schemas.events import Demand, ServingMetrics
+from schemas.verdicts import Decision, DecisionOutcome, Forecast
+
+CONTROLLER = "warming"
+MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
+
+
+@dataclass(frozen=True, slots=True)
+class DemandWiring(IssuerWiring):
+    issuer: str = "warming-controller"
+    command_ttl_s: float = 120.0
+    step_s: float = 60.0
+    horizons_s: tuple[float, ...] = (60.0, 300.0, 900.0)
+    season_s: float = 86_400.0
+    replica_rps: float = 10.0
+    load_s: float = 60.0
+    load_s_by_accelerator: Mapping[str, float] = field(default_factory=dict)
+    pool_suffix: str = "h100"  # default pool of a region for a model served nowhere there
+    warming: WarmingConfig = field(default_factory=WarmingConfig)
+
+    def __post_init__(self) -> None:
+        bad = {a: s for a, s in self.load_s_by_accelerator.items() if not s > 0}
+        if bad or not self.load_s > 0:
+            raise ValueError(f"load times are positive seconds: {bad or self.load_s!r}")
+
+    def load_s_for(self, pool: str) -> float:
+        """How long a replica takes to load in ``pool`` (``us-east-h100`` -> ``h100``'s)."""
+        return self.load_s_by_accelerator.get(pool.rsplit("-", 1)[-1], self.load_s)
+
+
+@dataclass(slots=True)
+class _Key:
+    forecaster: DemandForecaster
+    policy: WarmingPolicy
+    step: int = -1
+    requests: float = 0.0
+    replicas: dict[str, set[str]] = field(default_factory=dict)  # pool -> replicas this step
+    served: float = 0.0  # requests the replicas served this step
+    capacity_rps: float = 0.0  # highest rate per replica seen so far: what one can carry
+    loading: list[tuple[str, datetime]] = field(default_factory=list)  # (pool, ready by)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStep:
+    model: str
+    region: str
+    pool: str
+    at: datetime
+    decision: WarmDecision
+    guard: GuardDecision
+
+
+class DemandPlanner:
+    """See the module docstring."""
+
+    def __init__(
+        self, w: DemandWiring, *, guard: Guardrail | None = None, new_id: Any = uuid.uuid4
+    ) -> None:
+        self.w = w
+        self.guard = guard or Guardrail(GuardrailConfig(), devices={})
+        self.new_id = new_id
+        loads = (w.load_s, *w.load_s_by_accelerator.values())
+        self.horizon_steps = tuple(
+            sorted(
+                {max(1, round(h / w.step_s)) for h in w.horizons_s}
+                | {self._steps(s) for s in loads}
+            )
+        )
+        self.keys: dict[tuple[str, str], _Key] = {}
+
+    def _steps(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds / self.w.step_s))
+
+    def _key(self, model: str, region: str) -> _Key:
+        k = self.keys.get((model, region))
+        if k is None:
+            season = max(2, round(self.w.season_s / self.w.step_s))
+            k = self.keys[(model, region)] = _Key(
+                DemandForecaster(horizons=self.horizon_steps, season=season),
+                WarmingPolicy(self.w.warming),
+            )
+        return k
+
+    def serving(self, m: ServingMetrics) -> None:
+        if m.requests > 0:
+            k = self._key(m.model, m.region)
+            k.replicas.setdefault(m.pool, set()).add(m.replica_id)
+            k.served += m.requests
+
+    def demand(
+        self, d: Demand, *, now: datetime | None = None
+    ) -> tuple[list[Forecast], list[WarmStep]]:
+        """One demand event; returns what closing a step produced (if one closed). ``now``
+        (event time) judges how stale the step is; the step's end when not given."""
+        k = self._key(d.model, d.region)
+        step = int(d.observed_at.timestamp() // self.w.step_s)
+        forecasts: list[Forecast] = []
+        steps: list[WarmStep] = []
+        if k.step >= 0 and step > k.step:
+            forecasts, steps = self._close(d.model, d.region, k, now)
+            # steps without a single demand event had none: the series learns their zeros
+            for gap in range(k.step + 1, min(step, k.step + 1 + MAX_GAP_STEPS)):
+                k.step, k.requests = gap, 0.0
+                more, more_steps = self._close(d.model, d.region, k, now)
+                forecasts += more
+                steps += more_steps
+        if step >= k.step:
+            if step > k.step:
+                k.step, k.requests = step, 0.0
+            k.requests += d.requests
+        return forecasts, steps
+
+    def _close(
+        self, model: str, region: str, k: _Key, now: datetime | None
+    ) -> tuple[list[Forecast], list[WarmStep]]:
+        w = self.w
+        end = datetime.fromtimestamp((k.step + 1) * w.step_s, UTC)
+        rps = k.requests / w.step_s
+        k.forecaster.learn_one(rps)
+        bands = k.forecaster.forecast()
+        forecasts = [
+            Forecast(
+                forecast_id=self.new_id(),
+                made_at=end,
+                target_at=end + timedelta(seconds=h * w.step_s),
+                model=model,
+                region=region,
+                horizon_s=h * w.step_s,
+                step_s=w.step_s,
+                observed_rps=rps,
+                point_rps=b.point,
+                low_rps=b.low,
+                high_rps=b.high,
+                chosen=b.model,
+            )
+            for h, b in bands.items()
+        ]
+        k.loading = [(p, ready) for p, ready in k.loading if ready > end]
+        ready = sum(len(r) for r in k.replicas.values())
+        by_pool = Tally({p: len(r) for p, r in k.replicas.items()})
+        if ready:
+            k.capacity_rps = max(k.capacity_rps, k.served / w.step_s / ready)
+        k.replicas, k.served = {}, 0.0
+        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
+        load_s = w.load_s_for(busiest)
+        d = k.policy.step(
+            step=k.step, bands=bands, ready=ready, loading=len(k.loading),
+            capacity=k.capacity_rps or w.replica_rps, load_steps=self._steps(load_s),
+            observed=rps,
+        )  # fmt: skip
+        if d.replicas == 0:
+            return forecasts, []
+        guard = self.guard.check_scaling(
+            f"{model}@{busiest}", remove=d.replicas < 0, now=now or end, telemetry_at=end
+        )
+        if d.replicas > 0 and guard.allowed:
+            ready_by = end + timedelta(seconds=load_s * 2)
+            k.loading += [(busiest, ready_by)] * d.replicas
+        return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
+
+
+def decide_warm(
+    step: WarmStep, w: DemandWiring, *, new_id: Any = uuid.uuid4
+) -> tuple[Decision, WarmCommand | None]:
+    """One warm or cool -> its decision and, with a signing key, its command."""
+    d = step.decision
+    action = WarmAction.WARM if d.replicas > 0 else WarmAction.COOL
+    decision_id = new_id()
+    command = None
+    if step.guard.allowed:
+        deadline = step.at + timedelta(seconds=w.load_s_for(step.pool))
+        command = issue(
+            WarmCommand, w, at=step.at, decision_id=decision_id, new_id=new_id,
+            target=Target(pool=step.pool), reason=d.reason.value, message=d.message[:1024],
+            action=action, model=step.model, replicas=abs(d.replicas),
+            deadline_at=deadline if d.replicas > 0 else None,
+        )  # fmt: skip
+    decision = Decision(
+        decision_id=decision_id,
+        decided_at=step.at,
+        controller=CONTROLLER,
+        target=f"{step.model}@{step.region}",
+        pool=step.pool,
+        action=action.value,
+        outcome=(
+            DecisionOutcome.REFUSED
+            if not step.guard.allowed
+            else DecisionOutcome.ADVISORY
+            if command is None
+            else DecisionOutcome.ISSUED
+        ),
+        reason=d.reason.value if step.guard.allowed else step.guard.reason.value,
+        message=d.message if step.guard.allowed else f"{d.message}; {step.guard.message}",
+        command_id=None if command is None else command.command_id,
+        desired=float(d.desired),
+        applied=float(d.replicas),
+    )
+    return decision, command

@@ -1,0 +1,76 @@
+"""Isolation: a step of the isolation ladder as its decision and, when allowed and keyed,
+its signed route command.
+
+The ladder and its guardrail (:mod:`controllers.isolation`,
+:mod:`controllers.guardrail`) decide what a verdict calls for; this turns each
+step into the record ClickHouse keeps (:class:`~schemas.verdicts.Decision`) and
+the command the node executor acts on. ``health.isolate`` (:mod:`streams.health`)
+feeds it verdicts and publishes what comes out; ``eval faults --in-process``
+drives the same function.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controllers.guardrail import GuardrailConfig
+from controllers.isolation import LadderConfig, LadderDecision
+from models.health import HealthConfig
+from planning.issuing import IssuerWiring, issue
+from schemas.commands import RouteCommand, Target
+from schemas.verdicts import Decision, DecisionOutcome
+
+CONTROLLER = "isolation"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthWiring(IssuerWiring):
+    """What the health processors need besides the app."""
+
+    issuer: str = "isolation-controller"
+    batch_within_s: float = 0.05
+    detector: HealthConfig = field(default_factory=HealthConfig)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
+    guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
+
+
+def decide(
+    step: LadderDecision, now: datetime, w: HealthWiring
+) -> tuple[Decision, RouteCommand | None]:
+    """One ladder step -> its decision record and, when allowed and keyed, its command."""
+    v = step.verdict
+    decision_id = uuid.uuid4()
+    command: RouteCommand | None = None
+    if not step.allowed:
+        outcome = DecisionOutcome.REFUSED
+    else:
+        command = issue(
+            RouteCommand, w, at=now, decision_id=decision_id,
+            target=Target(device_uuid=step.device_uuid), reason=step.reason,
+            message=step.message, cause_event_id=v.cause_event_id,
+            cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,
+        )  # fmt: skip
+        outcome = DecisionOutcome.ADVISORY if command is None else DecisionOutcome.ISSUED
+    decision = Decision(
+        decision_id=decision_id,
+        decided_at=now,
+        controller=CONTROLLER,
+        target=step.device_uuid,
+        pool=v.pool,
+        rack_id=v.rack_id,
+        action=step.action.value,
+        outcome=outcome,
+        reason=step.reason,
+        message=step.message,
+        verdict_id=v.verdict_id,
+        verdict_status=v.status,
+        command_id=None if command is None else command.command_id,
+        cause_event_id=v.cause_event_id,
+        cause_observed_at=v.observed_at,
+        cause_appended_at=v.cause_appended_at,
+        desired=float(step.rung),
+        applied=float(step.rung) if step.allowed else None,
+    )
+    return decision, command
