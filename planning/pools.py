@@ -45,15 +45,36 @@ NOTEWORTHY = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One replica in one period, as its last serving report said."""
+
+    batch: int  # sequences in its running batch
+    queue: int  # requests waiting
+    baseline_share: float  # of the requests it served, the share that was not optional
+    tpot_p95_s: float | None
+
+    @property
+    def work(self) -> int:
+        """Sequences it holds, running or waiting."""
+        return self.batch + self.queue
+
+
+@dataclass(frozen=True, slots=True)
+class TpotSample:
+    """One replica's TPOT p95 for one model, weighted by the requests it served."""
+
+    tpot_p95_s: float
+    requests: int
+
+
 @dataclass(slots=True)
 class _Pool:
     capacity: CapacityController
     guard: TpotGuard
     period: int = -1
-    # per model: (replica TPOT p95, requests) this period
-    tpot: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-    # per replica: batch, queue, share of its requests that was baseline work, TPOT p95
-    replicas: dict[str, tuple[int, int, float, float | None]] = field(default_factory=dict)
+    tpot: dict[str, list[TpotSample]] = field(default_factory=dict)  # per model, this period
+    replicas: dict[str, ReplicaLoad] = field(default_factory=dict)  # per replica, this period
     said: CapacityReason | None = None  # the last reason a decision recorded
     room_replicas: float = 0.0  # headroom at the last close, in replicas' worth of slots
 
@@ -101,12 +122,15 @@ class ControlPlanner(ThrottleIssuer):
         if period >= pool.period:
             pool.period = period
             if m.tpot_p95_s is not None:
-                pool.tpot.setdefault(m.model, []).append((m.tpot_p95_s, max(m.requests, 1)))
+                sample = TpotSample(m.tpot_p95_s, max(m.requests, 1))
+                pool.tpot.setdefault(m.model, []).append(sample)
             baseline = 1.0
             if m.optional_requests is not None and m.requests > 0:
                 baseline = 1.0 - m.optional_requests / m.requests
             self.power.serving(m)
-            pool.replicas[m.replica_id] = (m.batch_size, m.queue_depth, baseline, m.tpot_p95_s)
+            pool.replicas[m.replica_id] = ReplicaLoad(
+                m.batch_size, m.queue_depth, baseline, m.tpot_p95_s
+            )
         return out
 
     # -- period ends ----------------------------------------------------------------------
@@ -116,15 +140,14 @@ class ControlPlanner(ThrottleIssuer):
         # each model is held to the SLO on its own: the pool answers for its slowest
         per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
         tpot = max((t for t in per_model if t is not None), default=None)
-        replicas = pool.replicas
+        replicas = list(pool.replicas.values())
         pool.tpot, pool.replicas = {}, {}
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first
-        slots = max(1e-9, sum(self._room(b, replica_tpot, pool.guard.target)
-                              for b, _, _, replica_tpot in replicas.values()))  # fmt: skip
-        load = sum(b + q for b, q, _, _ in replicas.values()) / slots
+        slots = max(1e-9, sum(self._room(r, pool.guard.target) for r in replicas))
+        load = sum(r.work for r in replicas) / slots
         # the work that is not optional: what the budget must leave room for (feedforward)
-        base = sum((b + q) * share for b, q, share, _ in replicas.values()) / slots
+        base = sum(r.work * r.baseline_share for r in replicas) / slots
         before = pool.capacity.budget
         d = pool.capacity.step(
             now=end.timestamp(),
@@ -155,7 +178,7 @@ class ControlPlanner(ThrottleIssuer):
                         "funnel_extra_candidates": round(spend.funnel_extra, 3),
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
-        in_use = max((b for b, _, _, _ in replicas.values()), default=None)
+        in_use = max((r.batch for r in replicas), default=None)
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
@@ -166,27 +189,27 @@ class ControlPlanner(ThrottleIssuer):
             ))  # fmt: skip
         return out
 
-    def _room(self, batch: int, tpot_p95_s: float | None, target: int) -> float:
-        """The batch a replica can run with its TPOT p95 at the latency setpoint."""
-        if tpot_p95_s is None or tpot_p95_s <= 0:
+    def _room(self, replica: ReplicaLoad, target: int) -> float:
+        """The batch ``replica`` can run with its TPOT p95 at the latency setpoint."""
+        if replica.tpot_p95_s is None or replica.tpot_p95_s <= 0:
             return float(target)
         k, w = self.w.tpot_doubling_batch, self.w
-        base_s = tpot_p95_s / (1.0 + batch / k)  # its TPOT at a batch of one
+        base_s = replica.tpot_p95_s / (1.0 + replica.batch / k)  # its TPOT at a batch of one
         allowed_s = w.capacity.setpoint_ratio * w.tpot_slo_s
         return min(float(target), max(0.0, k * (allowed_s / base_s - 1.0)))
 
 
-def _pool_p95(samples: list[tuple[float, int]]) -> float | None:
+def _pool_p95(samples: list[TpotSample]) -> float | None:
     """A model's TPOT p95 in a pool from its replicas' (p95, requests): the replica p95
     that 95% of the period's requests were served at or under. One slow replica that serves
     few (a device being drained, say) does not stop the pool's optional work; one that
     serves a twentieth of them does."""
     if not samples:
         return None
-    total = sum(n for _, n in samples)
+    total = sum(s.requests for s in samples)
     seen = 0
-    for tpot, n in sorted(samples):
-        seen += n
+    for s in sorted(samples, key=lambda s: (s.tpot_p95_s, s.requests)):
+        seen += s.requests
         if seen >= 0.95 * total:
-            return tpot
-    return max(t for t, _ in samples)
+            return s.tpot_p95_s
+    return max(s.tpot_p95_s for s in samples)

@@ -30,15 +30,15 @@ from controllers.power import (
 )
 from planning.throttle import ControlWiring, Output, ThrottleIssuer
 from schemas.commands import ClockMode, Target, ThrottleAction
-from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 
 
 @dataclass(slots=True)
 class _Rack:
     power: PowerController
     period: int = -1
-    phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # watts, limit
-    latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # each phase's last
+    phases: dict[PduPhase, PduReading] = field(default_factory=dict)  # this period's last
+    latest: dict[PduPhase, PduReading] = field(default_factory=dict)  # each phase's last
     closed_early: int = -1  # the period a reading over the target closed before its end
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
 
@@ -126,8 +126,7 @@ class RackPlanner(ThrottleIssuer):
             rack.phases = {}
         if period >= rack.period:
             rack.period = period
-            rack.phases[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
-            rack.latest[r.phase.value] = (r.power_watts, r.breaker_limit_watts)
+            rack.phases[r.phase] = rack.latest[r.phase] = r
             if rack.closed_early != period and self._over_target(rack):
                 # the breaker's clock is running: act on this reading, not at the period's end
                 rack.closed_early = period
@@ -135,16 +134,15 @@ class RackPlanner(ThrottleIssuer):
         return out
 
     def _over_target(self, rack: _Rack) -> bool:
-        draw = sum(p for p, _ in rack.latest.values())
-        return draw > self.w.power.target_ratio * sum(lim for _, lim in rack.latest.values())
+        draw, limit = _summed(rack.latest)
+        return draw is not None and draw > self.w.power.target_ratio * limit
 
     def _close_rack(
-        self, rack_id: str, rack: _Rack, phases: dict[str, tuple[float, float]], end: datetime
+        self, rack_id: str, rack: _Rack, phases: dict[PduPhase, PduReading], end: datetime
     ) -> list[Output]:
         """One step of the rack's controller on ``phases`` (each phase's last reading)."""
         w = self.w
-        draw = sum(p for p, _ in phases.values()) if phases else None
-        limit = sum(lim for _, lim in phases.values())
+        draw, limit = _summed(phases)
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
             now=end.timestamp(), draw_watts=draw, limit_watts=limit,
@@ -239,3 +237,9 @@ class RackPlanner(ThrottleIssuer):
             f"{plan.message}; {why}", Target(pool=pool, rack_id=rack_id), changed=False,
             extra={"rack_id": rack_id, "desired": desired, "applied": applied}, params={},
         )  # fmt: skip
+
+
+def _summed(phases: dict[PduPhase, PduReading]) -> tuple[float | None, float]:
+    """A rack's draw (None without readings) and breaker limit, its phases summed."""
+    draw = sum(r.power_watts for r in phases.values()) if phases else None
+    return draw, sum(r.breaker_limit_watts for r in phases.values())
