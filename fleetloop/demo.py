@@ -60,6 +60,7 @@ from streams.lag import fetch_lag
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
 DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
+WORKER_DIR = Path("var/worker")
 MALFORMED = (
     (ACCELERATOR.name, b"{not json"),
     (ACCELERATOR.name, b'{"schema_version": 9}'),
@@ -307,9 +308,6 @@ def run_demo(
         if broker is not None and not keep_running:
             broker.down()
             print("[demo] broker stopped")
-
-
-WORKER_DIR = Path("var/worker")
 
 
 def _clean(broker_settings: BrokerSettings, settings: SimSettings, *, own_broker: bool) -> None:

@@ -28,6 +28,9 @@ class ControlWiring(IssuerWiring):
     issuer: str = "control"
     command_ttl_s: float = 30.0
     period_s: float = 10.0
+    # the processor's batch window: short, as a rack over its breaker limit waits in it
+    # (part of the transport budget, tests/unit/test_breaker_budget.py)
+    batch_within_s: float = 0.1
     tpot_slo_s: float = 0.08
     global_budget_devices: float = math.inf  # optional work the whole fleet may run at once
     min_cap_ratio: float = 0.4  # lowest cap asked for, as a share of the device's default

@@ -29,9 +29,7 @@ def add_control(app: faust.App, w: ControlWiring, shared: ControllerMetrics) -> 
         shared.declare(controller, [r.value for r in reasons])
 
     async def plan(stream: Any) -> None:
-        # a short window: a rack over its breaker limit is part of the transport budget
-        # (tests/unit/test_breaker_budget.py), and a batch here is only a loop over events
-        async for events in stream.take_events(5_000, within=0.1):
+        async for events in stream.take_events(5_000, within=w.batch_within_s):
             for e in events:
                 try:
                     value = decode(e.message.value, specs[e.message.topic].value_type)
