@@ -174,10 +174,10 @@ def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
 
     def act(steps: list[LadderDecision]) -> None:
         for step in steps:
-            decision, command = decide(step, sim.now, wiring)
-            decisions.append(decision)
-            if command is not None:
-                host.handle(command, now=sim.now, received_at=sim.now)
+            out = decide(step, sim.now, wiring)
+            decisions.append(out.decision)
+            if out.command is not None:
+                host.handle(out.command, now=sim.now, received_at=sim.now)
 
     judged = (AcceleratorTelemetry, NodeHealth, ServingMetrics)
     for n in range(sim.ticks or 0):

@@ -40,19 +40,17 @@ from typing import Any
 from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig
 from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy
 from models.forecast import DemandForecaster
-from planning.issuing import IssuerWiring, issue
+from planning.issuing import IssuerWiring, Output, issue
+from planning.registry import WARMING
 from schemas.commands import Target, WarmAction, WarmCommand
 from schemas.events import Demand, ServingMetrics
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 
-CONTROLLER = "warming"
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
 
 
 @dataclass(frozen=True, slots=True)
 class DemandWiring(IssuerWiring):
-    issuer: str = "warming-controller"
-    command_ttl_s: float = 120.0
     step_s: float = 60.0
     horizons_s: tuple[float, ...] = (60.0, 300.0, 900.0)
     season_s: float = 86_400.0
@@ -205,7 +203,7 @@ class DemandPlanner:
 
 def decide_warm(
     step: WarmStep, w: DemandWiring, *, new_id: Any = uuid.uuid4
-) -> tuple[Decision, WarmCommand | None]:
+) -> Output[WarmCommand]:
     """One warm or cool -> its decision and, with a signing key, its command."""
     d = step.decision
     action = WarmAction.WARM if d.replicas > 0 else WarmAction.COOL
@@ -214,7 +212,7 @@ def decide_warm(
     if step.guard.allowed:
         deadline = step.at + timedelta(seconds=w.load_s_for(step.pool))
         command = issue(
-            WarmCommand, w, at=step.at, decision_id=decision_id, new_id=new_id,
+            WarmCommand, w, by=WARMING, at=step.at, decision_id=decision_id, new_id=new_id,
             target=Target(pool=step.pool), reason=d.reason.value, message=d.message[:1024],
             action=action, model=step.model, replicas=abs(d.replicas),
             deadline_at=deadline if d.replicas > 0 else None,
@@ -222,7 +220,7 @@ def decide_warm(
     decision = Decision(
         decision_id=decision_id,
         decided_at=step.at,
-        controller=CONTROLLER,
+        controller=WARMING.name,
         target=f"{step.model}@{step.region}",
         pool=step.pool,
         action=action.value,
@@ -239,4 +237,4 @@ def decide_warm(
         desired=float(d.desired),
         applied=float(d.replicas),
     )
-    return decision, command
+    return Output(decision, command)

@@ -18,27 +18,23 @@ from datetime import datetime
 from controllers.guardrail import GuardrailConfig
 from controllers.isolation import LadderConfig, LadderDecision
 from models.health import HealthConfig
-from planning.issuing import IssuerWiring, issue
+from planning.issuing import IssuerWiring, Output, issue
+from planning.registry import ISOLATION
 from schemas.commands import RouteCommand, Target
 from schemas.verdicts import Decision, DecisionOutcome
-
-CONTROLLER = "isolation"
 
 
 @dataclass(frozen=True, slots=True)
 class HealthWiring(IssuerWiring):
     """What the health processors need besides the app."""
 
-    issuer: str = "isolation-controller"
     batch_within_s: float = 0.05
     detector: HealthConfig = field(default_factory=HealthConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
     guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
 
 
-def decide(
-    step: LadderDecision, now: datetime, w: HealthWiring
-) -> tuple[Decision, RouteCommand | None]:
+def decide(step: LadderDecision, now: datetime, w: HealthWiring) -> Output[RouteCommand]:
     """One ladder step -> its decision record and, when allowed and keyed, its command."""
     v = step.verdict
     decision_id = uuid.uuid4()
@@ -47,7 +43,7 @@ def decide(
         outcome = DecisionOutcome.REFUSED
     else:
         command = issue(
-            RouteCommand, w, at=now, decision_id=decision_id,
+            RouteCommand, w, by=ISOLATION, at=now, decision_id=decision_id,
             target=Target(device_uuid=step.device_uuid), reason=step.reason,
             message=step.message, cause_event_id=v.cause_event_id,
             cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,
@@ -56,7 +52,7 @@ def decide(
     decision = Decision(
         decision_id=decision_id,
         decided_at=now,
-        controller=CONTROLLER,
+        controller=ISOLATION.name,
         target=step.device_uuid,
         pool=v.pool,
         rack_id=v.rack_id,
@@ -73,4 +69,4 @@ def decide(
         desired=float(step.rung),
         applied=float(step.rung) if step.allowed else None,
     )
-    return decision, command
+    return Output(decision, command)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.tpot_guard import BatchReason, TpotGuard
 from planning.racks import RackPlanner
-from planning.throttle import ControlWiring, Output, ThrottleIssuer
+from planning.registry import CAPACITY, TPOT_GUARD
+from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
 from schemas.base import Contract
 from schemas.commands import Target, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
@@ -93,7 +94,7 @@ class ControlPlanner(ThrottleIssuer):
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def feed(self, value: Contract) -> list[Output]:
+    def feed(self, value: Contract) -> list[ThrottleOutput]:
         """One event of whichever kind: serving, PDU or accelerator telemetry (the rest is
         not the planner's and changes nothing)."""
         if isinstance(value, ServingMetrics):
@@ -107,10 +108,10 @@ class ControlPlanner(ThrottleIssuer):
     def accelerator(self, t: AcceleratorTelemetry) -> None:
         self.power.accelerator(t)
 
-    def pdu(self, r: PduReading) -> list[Output]:
+    def pdu(self, r: PduReading) -> list[ThrottleOutput]:
         return self.power.pdu(r)
 
-    def serving(self, m: ServingMetrics) -> list[Output]:
+    def serving(self, m: ServingMetrics) -> list[ThrottleOutput]:
         pool = self.pools.get(m.pool)
         if pool is None:
             pool = self.pools[m.pool] = _Pool(
@@ -135,7 +136,7 @@ class ControlPlanner(ThrottleIssuer):
 
     # -- period ends ----------------------------------------------------------------------
 
-    def _close_pool(self, name: str, pool: _Pool) -> list[Output]:
+    def _close_pool(self, name: str, pool: _Pool) -> list[ThrottleOutput]:
         w, end = self.w, self._end(pool.period)
         # each model is held to the SLO on its own: the pool answers for its slowest
         per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
@@ -168,7 +169,7 @@ class ControlPlanner(ThrottleIssuer):
             pool.said = d.reason
             spend = split_levers(d.applied, base, w.levers)
             out.append(self._output(
-                end, name, "capacity", ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
+                end, name, CAPACITY, ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
                 f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
                 f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
                 Target(pool=name), changed=d.applied != before,
@@ -182,7 +183,7 @@ class ControlPlanner(ThrottleIssuer):
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
-                end, name, "tpot_guard", ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
+                end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
                 Target(pool=name), changed=True,
                 extra={"desired": float(b.target), "applied": float(b.target)},
                 params={"batch_size_max": b.target},

@@ -28,7 +28,8 @@ from controllers.power import (
     PowerPlan,
     PowerReason,
 )
-from planning.throttle import ControlWiring, Output, ThrottleIssuer
+from planning.registry import POWER
+from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
 from schemas.commands import ClockMode, Target, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 
@@ -115,7 +116,7 @@ class RackPlanner(ThrottleIssuer):
         d.default_watts = max(d.default_watts, t.power_limit_watts)
         d.min_watts, d.max_watts = t.power_limit_min_watts, t.power_limit_max_watts
 
-    def pdu(self, r: PduReading) -> list[Output]:
+    def pdu(self, r: PduReading) -> list[ThrottleOutput]:
         rack = self.racks.get(r.rack_id)
         if rack is None:
             rack = self.racks[r.rack_id] = _Rack(PowerController(self.w.power))
@@ -139,7 +140,7 @@ class RackPlanner(ThrottleIssuer):
 
     def _close_rack(
         self, rack_id: str, rack: _Rack, phases: dict[PduPhase, PduReading], end: datetime
-    ) -> list[Output]:
+    ) -> list[ThrottleOutput]:
         """One step of the rack's controller on ``phases`` (each phase's last reading)."""
         w = self.w
         draw, limit = _summed(phases)
@@ -168,7 +169,7 @@ class RackPlanner(ThrottleIssuer):
                 params = {"clock_mode": ClockMode.LOW if d.low_clock else ClockMode.DEFAULT}
                 action = ThrottleAction.CLOCK_MODE
             out.append(self._output(
-                end, rack_id, "power", action, plan.reason.value, plan.message, target,
+                end, rack_id, POWER, action, plan.reason.value, plan.message, target,
                 changed=True, extra={"rack_id": rack_id, "applied": a.watts}, params=params,
             ))  # fmt: skip
         if plan.move_batch_watts > 0 or plan.return_batch_watts > 0:
@@ -178,7 +179,7 @@ class RackPlanner(ThrottleIssuer):
     def _move_batch(
         self, end: datetime, rack_id: str, rack: _Rack, members: dict[str, _Device],
         plan: PowerPlan,
-    ) -> list[Output]:  # fmt: skip
+    ) -> list[ThrottleOutput]:  # fmt: skip
         """Batch work off the rack, to the pool with the most headroom (its own pool's
         other racks, if that is the one); or back, when the plan gives it back."""
         if plan.return_batch_watts > 0:
@@ -189,7 +190,7 @@ class RackPlanner(ThrottleIssuer):
         else:
             sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
             moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}
-        out: list[Output] = []
+        out: list[ThrottleOutput] = []
         if not moves:
             out.append(self._stays(end, rack_id, None, plan, plan.move_batch_watts,
                                    "no batch work on the rack to move"))  # fmt: skip
@@ -214,7 +215,7 @@ class RackPlanner(ThrottleIssuer):
                 room[to] -= need
             where = "its other racks" if to == src else to
             out.append(self._output(
-                end, rack_id, "power", ThrottleAction.MOVE_BATCH, plan.reason.value,
+                end, rack_id, POWER, ThrottleAction.MOVE_BATCH, plan.reason.value,
                 f"{plan.message}: {src}'s batch work on {rack_id} "
                 + (f"to {where}" if ratio > 0 else "back"),
                 Target(pool=src, rack_id=rack_id), changed=True,
@@ -229,11 +230,11 @@ class RackPlanner(ThrottleIssuer):
     def _stays(
         self, end: datetime, rack_id: str, pool: str | None, plan: PowerPlan, desired: float,
         why: str,
-    ) -> Output:  # fmt: skip
+    ) -> ThrottleOutput:  # fmt: skip
         """An advisory decision: batch work the plan asked to move stays on the rack."""
         applied = None if pool is None else 0.0  # nothing to apply when no pool was named
         return self._output(
-            end, rack_id, "power", ThrottleAction.MOVE_BATCH, plan.reason.value,
+            end, rack_id, POWER, ThrottleAction.MOVE_BATCH, plan.reason.value,
             f"{plan.message}; {why}", Target(pool=pool, rack_id=rack_id), changed=False,
             extra={"rack_id": rack_id, "desired": desired, "applied": applied}, params={},
         )  # fmt: skip

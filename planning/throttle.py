@@ -18,15 +18,17 @@ from typing import Any
 from controllers.capacity import CapacityConfig, LeverConfig
 from controllers.power import PowerConfig
 from controllers.tpot_guard import TpotGuardConfig
-from planning.issuing import IssuerWiring, issue
+from planning.issuing import IssuerWiring, Output, issue
+from planning.registry import Controller
 from schemas.commands import Target, ThrottleAction, ThrottleCommand
 from schemas.verdicts import Decision, DecisionOutcome
+
+ThrottleOutput = Output[ThrottleCommand]
+"""A capacity, batch or power decision with its throttle command, if one was sent."""
 
 
 @dataclass(frozen=True, slots=True)
 class ControlWiring(IssuerWiring):
-    issuer: str = "control"
-    command_ttl_s: float = 30.0
     period_s: float = 10.0
     # the processor's batch window: short, as a rack over its breaker limit waits in it
     # (part of the transport budget, tests/unit/test_breaker_budget.py)
@@ -43,12 +45,6 @@ class ControlWiring(IssuerWiring):
     power: PowerConfig = field(default_factory=PowerConfig)
 
 
-@dataclass(frozen=True, slots=True)
-class Output:
-    decision: Decision
-    command: ThrottleCommand | None
-
-
 class ThrottleIssuer:
     """Periods of event time, and decisions with their throttle commands."""
 
@@ -63,20 +59,20 @@ class ThrottleIssuer:
         return datetime.fromtimestamp((period + 1) * self.w.period_s, UTC)
 
     def _output(
-        self, at: datetime, target_name: str, controller: str, action: ThrottleAction,
+        self, at: datetime, target_name: str, by: Controller, action: ThrottleAction,
         reason: str, message: str, target: Target, *, changed: bool, extra: dict[str, Any],
         params: dict[str, Any],
-    ) -> Output:  # fmt: skip
+    ) -> ThrottleOutput:  # fmt: skip
         decision_id = self.new_id()
         command = None
         if changed:
             command = issue(
-                ThrottleCommand, self.w, at=at, decision_id=decision_id, new_id=self.new_id,
+                ThrottleCommand, self.w, by=by, at=at, decision_id=decision_id, new_id=self.new_id,
                 target=target, reason=reason, message=message[:1024], action=action, **params,
             )  # fmt: skip
         outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
         decision = Decision(
-            decision_id=decision_id, decided_at=at, controller=controller, target=target_name,
+            decision_id=decision_id, decided_at=at, controller=by.name, target=target_name,
             pool=target.pool, action=action.value, outcome=outcome, reason=reason,
             message=message[:1024], command_id=None if command is None else command.command_id,
             **extra,

@@ -35,12 +35,12 @@ from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from streams.clickhouse_store import ClickHouseStore, QueryResult
 from streams.control import add_control
-from streams.controller_metrics import ControllerMetrics
 from streams.dashboards import load_dashboards, render_page
 from streams.demand import add_demand
 from streams.health import add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
+from streams.outputs import ControllerMetrics, Outputs
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
@@ -159,15 +159,26 @@ def create_app(
         for spec in INGESTED_TOPICS:
             _add_ingest(app, config, spec, sink, metrics, on_fatal)
         sources += INGESTED_TOPICS
-    shared = ControllerMetrics(registry)
+    roles = {
+        role
+        for role, wiring in (
+            ("health", config.health),
+            ("demand", config.demand),
+            ("control", config.control),
+        )
+        if wiring is not None
+    }
+    outputs = Outputs(
+        app, ControllerMetrics(registry), topic_prefix=config.topic_prefix, roles=roles
+    )
     if config.health is not None:
-        read = add_health(app, config.health, registry, shared)
+        read = add_health(app, config.health, registry, outputs)
         sources += [s for s in read if s not in sources]
     if config.demand is not None:
-        read = add_demand(app, config.demand, shared)
+        read = add_demand(app, config.demand, outputs)
         sources += [s for s in read if s not in sources]
     if config.control is not None:
-        read = add_control(app, config.control, shared)
+        read = add_control(app, config.control, outputs)
         sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)

@@ -9,26 +9,21 @@ from typing import Any
 import faust
 
 from controllers.clock import EventClock
-from controllers.guardrail import GuardReason
-from controllers.warming import WarmReason
-from planning.demand import CONTROLLER, DemandPlanner, DemandWiring, decide_warm
+from planning.demand import DemandPlanner, DemandWiring, decide_warm
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import Demand, ServingMetrics
-from schemas.topics import DECISIONS, DEMAND, FORECASTS, SERVING, WARM_COMMANDS, TopicSpec
-from streams.controller_metrics import ControllerMetrics
+from schemas.topics import DEMAND, FORECASTS, SERVING, TopicSpec
+from streams.outputs import Outputs
 
 
-def add_demand(app: faust.App, w: DemandWiring, shared: ControllerMetrics) -> list[TopicSpec]:
+def add_demand(app: faust.App, w: DemandWiring, outputs: Outputs) -> list[TopicSpec]:
     """Register ``demand.plan`` on ``app``; returns the topics it reads."""
     planner = DemandPlanner(w)
     clock = EventClock()
     names = [w.topic_prefix + DEMAND.name, w.topic_prefix + SERVING.name]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     forecasts = app.topic(w.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
-    commands = app.topic(w.topic_prefix + WARM_COMMANDS.name, value_type=bytes, key_type=bytes)
-    decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
-    shared.declare(CONTROLLER, [*(r.value for r in WarmReason), *(r.value for r in GuardReason)])
-    timer = shared.scoring.labels("demand_forecast")
+    timer = outputs.metrics.scoring.labels("demand_forecast")
 
     async def plan(stream: Any) -> None:
         async for events in stream.take_events(5_000, within=0.5):
@@ -47,17 +42,7 @@ def add_demand(app: faust.App, w: DemandWiring, shared: ControllerMetrics) -> li
                     timer.observe(time.perf_counter() - started)
                 for f in made:
                     await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
-                for step in steps:
-                    decision, command = decide_warm(step, w)
-                    if command is not None:
-                        await commands.send(
-                            key=WARM_COMMANDS.key_for(command), value=encode(command)
-                        )
-                        shared.commands.labels("WarmCommand", command.action.value).inc()
-                    await decisions.send(key=DECISIONS.key_for(decision), value=encode(decision))
-                    shared.decisions.labels(
-                        CONTROLLER, decision.outcome.value, decision.reason
-                    ).inc()
+                await outputs.publish(decide_warm(step, w) for step in steps)
 
     plan.__name__ = plan.__qualname__ = "demand.plan"
     app.agent(source, name="demand.plan", concurrency=1)(plan)

@@ -26,35 +26,25 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
 from controllers.guardrail import Guardrail
-from controllers.isolation import REASONS, IsolationLadder, LadderDecision
+from controllers.isolation import IsolationLadder, LadderDecision
 from models.health import HealthDetector
-from planning.isolation import CONTROLLER, HealthWiring, decide
+from planning.isolation import HealthWiring, decide
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.topics import (
-    ACCELERATOR,
-    DECISIONS,
-    NODE_HEALTH,
-    ROUTE_COMMANDS,
-    SERVING,
-    VERDICTS,
-    TopicSpec,
-)
+from schemas.topics import ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS, TopicSpec
 from schemas.verdicts import HealthStatus, Verdict
-from streams.controller_metrics import ControllerMetrics
+from streams.outputs import Outputs
 
 log = logging.getLogger(__name__)
 
 
 class HealthMetrics:
-    def __init__(self, registry: CollectorRegistry, shared: ControllerMetrics) -> None:
+    def __init__(self, registry: CollectorRegistry, outputs: Outputs) -> None:
         self.verdicts = Counter(
             "fleetloop_verdicts_total", "Verdicts published, by status", ["status"],
             registry=registry,
         )  # fmt: skip
-        self.scoring = shared.scoring
-        self.decisions = shared.decisions
-        self.commands = shared.commands
+        self.scoring = outputs.metrics.scoring
         self.skipped = Counter(
             "fleetloop_health_skipped_total",
             "Messages the health processor could not decode (ingest dead-letters them)",
@@ -74,17 +64,16 @@ class HealthMetrics:
         )
         for status in HealthStatus:
             self.verdicts.labels(status.value)
-        shared.declare(CONTROLLER, REASONS)
 
 
 def add_health(
-    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry, shared: ControllerMetrics
+    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry, outputs: Outputs
 ) -> list[TopicSpec]:
     """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``;
     returns the topics they read."""
-    m = HealthMetrics(registry, shared)
+    m = HealthMetrics(registry, outputs)
     _add_detector(app, wiring, m)
-    _add_isolation(app, wiring, m)
+    _add_isolation(app, wiring, m, outputs)
     return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]
 
 
@@ -131,21 +120,13 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
     app.agent(source, name="health.detect", concurrency=1)(detect)
 
 
-def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
+def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics, outputs: Outputs) -> None:
     ladder = IsolationLadder(w.ladder, Guardrail(w.guardrail, devices={}))
     clock = EventClock()
     source = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
-    commands = app.topic(w.topic_prefix + ROUTE_COMMANDS.name, value_type=bytes, key_type=bytes)
-    decisions = app.topic(w.topic_prefix + DECISIONS.name, value_type=bytes, key_type=bytes)
 
     async def publish(steps: list[LadderDecision], now: datetime) -> None:
-        for step in steps:
-            decision, command = decide(step, now, w)
-            if command is not None:
-                await commands.send(key=ROUTE_COMMANDS.key_for(command), value=encode(command))
-                m.commands.labels("RouteCommand", step.action.value).inc()
-            await decisions.send(key=DECISIONS.key_for(decision), value=encode(decision))
-            m.decisions.labels(CONTROLLER, decision.outcome.value, decision.reason).inc()
+        await outputs.publish(decide(step, now, w) for step in steps)
         m.isolated.set(len(ladder.guard.state.isolated))
         m.locked_out.set(1 if ladder.guard.state.locked_out else 0)
 

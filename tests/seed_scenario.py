@@ -136,7 +136,7 @@ def seed(store: ClickHouseStore) -> Seeded:
         for v in verdicts:
             add(VERDICTS, v)
             for step in ladder.verdict(v, now=sim.now):
-                decision = decide(step, sim.now, advisory)[0]
+                decision = decide(step, sim.now, advisory).decision
                 add(DECISIONS, decision)
                 if decision.target == FAULTY and decision.action == "quarantine":
                     quarantine_decision.append(decision)
@@ -209,7 +209,7 @@ def seed(store: ClickHouseStore) -> Seeded:
                 for f in forecasts:
                     add(FORECASTS, f)
                 for w in warms:
-                    add(DECISIONS, decide_warm(w, DemandWiring())[0])
+                    add(DECISIONS, decide_warm(w, DemandWiring()).decision)
             if (
                 dbe_sample is None
                 and isinstance(value, AcceleratorTelemetry)
@@ -219,7 +219,7 @@ def seed(store: ClickHouseStore) -> Seeded:
                 dbe_sample = value
         judge(detector.tick(sim.now))
         for step in ladder.tick(sim.now):
-            add(DECISIONS, decide(step, sim.now, advisory)[0])
+            add(DECISIONS, decide(step, sim.now, advisory).decision)
     bad = [
         RawMessage(Coordinates(ACCELERATOR.name, 0, offsets[ACCELERATOR.name] + 1), b"k", b"{no"),
         RawMessage(

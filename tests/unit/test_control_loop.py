@@ -19,7 +19,7 @@ from controllers.power import PowerConfig
 from fleetloop.sim import build_host
 from planning.pools import ControlPlanner
 from planning.racks import RackPlanner
-from planning.throttle import ControlWiring, Output
+from planning.throttle import ControlWiring, ThrottleOutput
 from schemas.base import Contract
 from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
@@ -31,7 +31,7 @@ SCENARIOS = Path(__file__).parents[2] / "scenarios"
 KEY = next(iter(COMMAND_KEYS.items()))
 
 
-def _feed(planner: ControlPlanner, records: list[tuple[object, Contract]]) -> list[Output]:
+def _feed(planner: ControlPlanner, records: list[tuple[object, Contract]]) -> list[ThrottleOutput]:
     return [o for _, event in records for o in planner.feed(event)]
 
 
@@ -43,7 +43,7 @@ def _run(
     batch_ratio: float = 0.0,
     move_batch: bool = True,
     each_step: Callable[[Simulation], None] | None = None,
-) -> tuple[Simulation, list[Output]]:
+) -> tuple[Simulation, list[ThrottleOutput]]:
     scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
     demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
@@ -54,7 +54,7 @@ def _run(
             power=PowerConfig(move_after_periods=3 if move_batch else 10**9),
         )
     )  # fmt: skip
-    outputs: list[Output] = []
+    outputs: list[ThrottleOutput] = []
     for n in range(int(seconds / sim.interval_s)):
         made = _feed(planner, sim.tick(n))  # type: ignore[arg-type]
         if each_step is not None:
@@ -109,7 +109,7 @@ def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
 
 def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() -> None:
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.05))
-    made: list[Output] = []
+    made: list[ThrottleOutput] = []
     for k in range(40):
         tpot = 0.03 if k < 20 else 0.09
         m = ServingMetrics(
@@ -177,7 +177,7 @@ def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
 
 
 def _serve(planner: ControlPlanner, k: int, replica: str, model: str, tpot: float,
-           requests: int) -> list[Output]:  # fmt: skip
+           requests: int) -> list[ThrottleOutput]:  # fmt: skip
     return planner.serving(
         ServingMetrics(
             event_id=uuid.uuid4(),
@@ -223,7 +223,7 @@ def test_caps_go_first_to_the_device_busiest_with_optional_work() -> None:
     rack = sim.fleet.racks[0]
     a, b = rack.nodes[0].devices[0], rack.nodes[0].devices[1]
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0))
-    made: list[Output] = []
+    made: list[ThrottleOutput] = []
     for k in range(3):
         at = START + timedelta(seconds=10 * k + 1)
         for dev, optional in ((a, 0), (b, 9)):  # b serves mostly optional work
@@ -298,7 +298,7 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
     racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
     host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
-    made: list[Output] = []
+    made: list[ThrottleOutput] = []
     for n in range(int(300 / sim.interval_s)):
         for _, event in sim.tick(n):
             if isinstance(event, AcceleratorTelemetry):

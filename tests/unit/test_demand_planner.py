@@ -71,13 +71,15 @@ def test_decisions_sign_warm_commands_or_stay_advisory() -> None:
         steps += planner.demand(_demand("gemma-27b", s, 30))[1]
     [step] = steps
     kid, key = next(iter(COMMAND_KEYS.items()))
-    decision, command = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    out = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    decision, command = out.decision, out.command
     assert command is not None and verify(command, keys={kid: key})
     assert (command.action, command.model, command.replicas) == (WarmAction.WARM, "gemma-27b", 3)
     assert command.target.pool == "us-east-h100" and command.decision_id == decision.decision_id
     assert (decision.controller, decision.outcome) == ("warming", DecisionOutcome.ISSUED)
-    advisory, none = decide_warm(step, DemandWiring())
-    assert none is None and advisory.outcome is DecisionOutcome.ADVISORY
+    assert command.issuer == decision.controller
+    advisory = decide_warm(step, DemandWiring())
+    assert advisory.command is None and advisory.decision.outcome is DecisionOutcome.ADVISORY
 
 
 def test_a_stale_step_is_refused_by_the_guardrail_and_recorded() -> None:
@@ -89,7 +91,8 @@ def test_a_stale_step_is_refused_by_the_guardrail_and_recorded() -> None:
     [step] = steps
     assert not step.guard.allowed
     kid, key = next(iter(COMMAND_KEYS.items()))
-    decision, command = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    out = decide_warm(step, DemandWiring(signing_key=(kid, key)))
+    decision, command = out.decision, out.command
     assert command is None
     assert (decision.outcome, decision.reason) == (DecisionOutcome.REFUSED, "stale_telemetry")
 
@@ -118,9 +121,9 @@ def test_each_accelerators_load_time_is_a_horizon_and_sets_its_warm_deadline() -
     [step] = steps
     assert step.pool == "us-east-mi300x" and step.decision.replicas > 0
     kid, key = next(iter(COMMAND_KEYS.items()))
-    _, command = decide_warm(
+    command = decide_warm(
         step, DemandWiring(signing_key=(kid, key), load_s_by_accelerator={"mi300x": 420.0})
-    )
+    ).command
     assert command is not None and command.deadline_at == step.at + timedelta(seconds=420)
     with pytest.raises(ValueError, match="positive"):
         DemandWiring(load_s_by_accelerator={"h100": 0.0})
