@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiokafka.errors import KafkaError
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
 from fleetloop.settings import (
     AgentSettings,
     BrokerSettings,
     ConnectionSettings,
+    DemoSettings,
     NodeSettings,
     SimSettings,
     WorkerSettings,
@@ -29,23 +32,69 @@ from fleetloop.settings import (
 S = TypeVar("S", bound=BaseSettings)
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
-    """One ``--flag`` per settings field; unset flags fall through to env and defaults."""
+def _leaves(cls: type[BaseSettings]) -> Iterator[tuple[tuple[str, ...], Any, Any, str | None]]:
+    """Every settings field as (path, type, default, description), nested groups walked
+    down to their leaves (a group is a dataclass: a role's tuning, a controller's config)."""
+
+    def walk(
+        path: tuple[str, ...], hint: Any, default: Any, doc: str | None
+    ) -> Iterator[tuple[tuple[str, ...], Any, Any, str | None]]:
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            hints = typing.get_type_hints(hint)
+            for f in dataclasses.fields(hint):
+                yield from walk((*path, f.name), hints[f.name], getattr(default, f.name), None)
+        else:
+            yield path, hint, default, doc
+
     for name, field in cls.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        yield from walk((name,), field.annotation, default, field.description)
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
+    """One ``--flag`` per settings field, nested ones dotted (``--control.period-s``);
+    unset flags fall through to env and defaults."""
+    for path, _hint, default, doc in _leaves(cls):
+        flag = ".".join(p.replace("_", "-") for p in path)
+        env = "FLEETLOOP_" + "__".join(path).upper()
+        shown = default.get_secret_value() and "***" if isinstance(default, SecretStr) else default
         parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=f"setting__{name}",
+            "--" + flag,
+            dest="setting__" + "__".join(path),
             default=argparse.SUPPRESS,
-            metavar=name.upper(),
-            help=field.description or f"(default: {field.default})",
+            metavar=path[-1].upper(),
+            help=f"{doc + '; ' if doc else ''}default {shown!r}; env {env}",
         )
 
 
+def _flag_value(raw: str, hint: Any) -> Any:
+    """A flag's text as its field wants it: mappings as ``a=1,b=2`` or JSON, sequences as
+    ``1,2,3`` or JSON; everything else as given (pydantic converts it)."""
+    origin = typing.get_origin(hint) or hint
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        if raw.lstrip().startswith("{"):
+            return json.loads(raw)
+        pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise SystemExit(f"fleetloop: {raw!r} is not key=value[,key=value]")
+        return {k.strip(): v.strip() for k, v in pairs}
+    if isinstance(origin, type) and issubclass(origin, tuple | list):
+        return json.loads(raw) if raw.lstrip().startswith("[") else raw.split(",")
+    return raw
+
+
 def _settings(cls: type[S], args: argparse.Namespace) -> S:
-    given = {
-        k.removeprefix("setting__"): v for k, v in vars(args).items() if k.startswith("setting__")
-    }
-    overrides = {k: v for k, v in given.items() if k in cls.model_fields}
+    """``cls`` from the flags given, over the environment, over the defaults."""
+    hints = {path: hint for path, hint, _, _ in _leaves(cls)}
+    overrides: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        path = tuple(key.removeprefix("setting__").split("__"))
+        if not key.startswith("setting__") or path not in hints:
+            continue
+        group = overrides
+        for part in path[:-1]:
+            group = group.setdefault(part, {})
+        group[path[-1]] = _flag_value(value, hints[path]) if isinstance(value, str) else value
     try:
         return cls(**overrides)
     except ValidationError as exc:
@@ -216,15 +265,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from fleetloop.demo import DEMO_SPEED, run_demo
+    from fleetloop.demo import run_demo
 
-    given = getattr(args, "setting__speed", None) or os.environ.get("FLEETLOOP_SPEED")
-    speed = float(given) if given else DEMO_SPEED
     return run_demo(
         _settings(BrokerSettings, args),
-        _settings(SimSettings, args),
+        _settings(DemoSettings, args),
         keep_running=args.keep_running,
-        speed=speed,
         resume=args.resume,
     )
 
@@ -379,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep var/ from an earlier run (broker data, ClickHouse, worker state); "
         "by default the demo starts clean",
     )
-    _add_settings_flags(demo, SimSettings)
+    _add_settings_flags(demo, DemoSettings)
     for name in ("broker_dir", "jar_dir", "port", "controller_port"):
         field = BrokerSettings.model_fields[name]
         demo.add_argument(

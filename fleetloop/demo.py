@@ -48,7 +48,7 @@ from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import LocalKafkaBroker
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.report import run_report
-from fleetloop.settings import REPO_ROOT, BrokerSettings, SimSettings, WorkerSettings
+from fleetloop.settings import REPO_ROOT, BrokerSettings, DemoSettings, SimSettings, WorkerSettings
 from fleetloop.sqlclient import format_table, run_query
 from fleetloop.topics_admin import ensure_topics, read_topic
 from schemas.base import Contract
@@ -59,7 +59,6 @@ from schemas.topics import ACCELERATOR, INGESTED_TOPICS, ROUTE_COMMANDS, SERVING
 from streams.lag import fetch_lag
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
-DEMO_SPEED = 5.0  # simulated seconds per wall second unless --speed says otherwise
 WORKER_DIR = Path("var/worker")
 MALFORMED = (
     (ACCELERATOR.name, b"{not json"),
@@ -218,14 +217,14 @@ class Operator:
 
 def run_demo(
     broker_settings: BrokerSettings,
-    settings: SimSettings,
+    settings: DemoSettings,
     *,
     keep_running: bool,
-    speed: float,
     resume: bool = False,
 ) -> int:
     """Run the demo; return a process exit code (1 when a safety promise was broken)."""
-    own_broker = "KAFKA_BOOTSTRAP" not in os.environ
+    speed = settings.speed
+    own_broker = not settings.broker_given
     if not resume:
         _clean(broker_settings, settings, own_broker=own_broker)
     started = datetime.now(UTC)

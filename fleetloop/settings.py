@@ -1,8 +1,13 @@
-"""Settings, one frozen class per deployable, validated at start-up.
+"""Settings: the one home of every option, one frozen class per deployable, validated
+at start-up.
 
 Every option is reachable by environment variable (``FLEETLOOP_<NAME>``, plus
 the two well-known ones ``KAFKA_BOOTSTRAP`` and ``CLICKHOUSE_URL``) and by a
-CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli`).
+CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli`). The stream
+worker's controller settings are nested groups, one per role, whose fields and
+defaults are the planners' own tuning classes (declared once, in
+:mod:`planning`): ``FLEETLOOP_CONTROL__TPOT_GUARD__HIGH_RATIO=0.9`` or
+``--control.tpot-guard.high-ratio 0.9``. Nothing else reads the environment.
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from planning.demand import DemandTuning
+from planning.isolation import HealthTuning
+from planning.issuing import COMMAND_TTL_S
+from planning.registry import ROLES
+from planning.throttle import ControlTuning
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +34,11 @@ INFRA_DIR = REPO_ROOT / "infra"
 
 class _Base(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="FLEETLOOP_", frozen=True, extra="forbid", populate_by_name=True
+        env_prefix="FLEETLOOP_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
     )
 
 
@@ -57,6 +72,11 @@ class ConnectionSettings(_Base):
     )
     clickhouse_dir: Path = Field(Path("var/clickhouse"), description="embedded chDB data dir")
     clickhouse_database: str = "fleetloop"
+
+    @property
+    def broker_given(self) -> bool:
+        """Whether a broker was named (flag or environment), not the default taken."""
+        return "kafka_bootstrap" in self.model_fields_set
 
     @property
     def clickhouse_server_url(self) -> str | None:
@@ -152,6 +172,12 @@ class SimSettings(LoopSettings):
     spool_dir: OptionalPath = Field(Path("var/sim-spool"), description="disk spool ('' disables)")
 
 
+class DemoSettings(SimSettings):
+    """The live demo (`fleetloop demo`): the simulator's settings, five times real time."""
+
+    speed: float = Field(5.0, gt=0, le=1000, description="simulated seconds per wall second")
+
+
 class NodeSettings(LoopSettings):
     """The agent and node executor of a real GPU host (`fleetloop node`), through NVML."""
 
@@ -172,8 +198,8 @@ class NodeSettings(LoopSettings):
 
 
 class WorkerSettings(ConnectionSettings, CommandKeySettings):
-    """The faust stream worker (`fleetloop worker`). With command keys its isolation
-    controller signs and sends commands; without, it is advisory (decisions only)."""
+    """The faust stream worker (`fleetloop worker`). With command keys its controllers
+    sign and send commands; without, they are advisory (decisions only)."""
 
     app_id: str = "fleetloop"
     worker_dir: Path = Field(Path("var/worker"), description="faust data dir of this worker")
@@ -183,34 +209,36 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     batch_max: int = Field(
         10_000, ge=1, le=100_000, description="rows per ClickHouse insert at most (one part)"
     )
-    batch_within_s: float = Field(1.0, gt=0, description="flush at least this often")
+    batch_within_s: float = Field(1.0, gt=0, description="ingest: flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)
     lag_interval_s: float = Field(15.0, gt=0, description="how often consumer lag is measured")
+    gc_tune: bool = Field(True, description="freeze start-up objects, collect young ones less")
     processors: str = Field(
-        "ingest,health,demand,control",
-        pattern=r"^(ingest|health|demand|control)(,(ingest|health|demand|control)){0,3}$",
-        description="what this worker runs: ingest (owns ClickHouse), health, demand, control",
+        ",".join(ROLES),
+        description="what this worker runs, comma-separated: " + ", ".join(ROLES),
     )
-    replica_rps: float = Field(10.0, gt=0, description="demand: what one replica serves")
-    load_s: float = Field(60.0, gt=0, description="demand: how long a replica takes to load")
-    load_s_by_accelerator: str = Field(
-        "",
-        pattern=r"^([a-z0-9]+=[0-9]+(\.[0-9]+)?(,[a-z0-9]+=[0-9]+(\.[0-9]+)?)*)?$",
-        description="demand: load time per accelerator type, e.g. h100=30,mi300x=45",
+    command_ttl_s: float = Field(
+        COMMAND_TTL_S, gt=0, description="lifetime of the commands every controller issues"
     )
-    command_ttl_s: float = Field(60.0, gt=0, description="lifetime of the commands it issues")
-    tpot_slo_s: float = Field(0.08, gt=0, description="control: TPOT p95 every pool must meet")
-    control_period_s: float = Field(10.0, gt=0, description="control: one period of event time")
-    global_budget_devices: float = Field(
-        float("inf"), gt=0, description="control: optional work the fleet may run, in devices"
+    health: HealthTuning = Field(
+        default_factory=HealthTuning, description="health detection and isolation"
     )
+    demand: DemandTuning = Field(
+        default_factory=DemandTuning, description="demand forecasting and warming"
+    )
+    control: ControlTuning = Field(
+        default_factory=ControlTuning, description="capacity, batch and power control"
+    )
+
+    @field_validator("processors")
+    @classmethod
+    def _known_roles(cls, value: str) -> str:
+        roles = value.split(",")
+        unknown = [r for r in roles if r not in ROLES]
+        if unknown or not value or len(set(roles)) != len(roles):
+            raise ValueError(f"processors are distinct names among {', '.join(ROLES)}: {value!r}")
+        return value
 
     @property
     def roles(self) -> set[str]:
         return set(self.processors.split(","))
-
-    @property
-    def load_times_s(self) -> dict[str, float]:
-        """``load_s_by_accelerator`` as a mapping (``h100=30`` -> ``{"h100": 30.0}``)."""
-        pairs = (item.split("=") for item in self.load_s_by_accelerator.split(",") if item)
-        return {accelerator: float(seconds) for accelerator, seconds in pairs}

@@ -49,8 +49,10 @@ from schemas.verdicts import Decision, DecisionOutcome, Forecast
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
 
 
-@dataclass(frozen=True, slots=True)
-class DemandWiring(IssuerWiring):
+@dataclass(frozen=True)
+class DemandTuning:
+    """The demand role's settings (``FLEETLOOP_DEMAND__*``, ``--demand.*``)."""
+
     step_s: float = 60.0
     horizons_s: tuple[float, ...] = (60.0, 300.0, 900.0)
     season_s: float = 86_400.0
@@ -68,6 +70,11 @@ class DemandWiring(IssuerWiring):
     def load_s_for(self, pool: str) -> float:
         """How long a replica takes to load in ``pool`` (``us-east-h100`` -> ``h100``'s)."""
         return self.load_s_by_accelerator.get(pool.rsplit("-", 1)[-1], self.load_s)
+
+
+@dataclass(frozen=True)
+class DemandWiring(DemandTuning, IssuerWiring):
+    """The demand processor's wiring: its tuning and how it issues commands."""
 
 
 @dataclass(slots=True)

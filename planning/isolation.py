@@ -24,14 +24,19 @@ from schemas.commands import RouteCommand, Target
 from schemas.verdicts import Decision, DecisionOutcome
 
 
-@dataclass(frozen=True, slots=True)
-class HealthWiring(IssuerWiring):
-    """What the health processors need besides the app."""
+@dataclass(frozen=True)
+class HealthTuning:
+    """The health role's settings (``FLEETLOOP_HEALTH__*``, ``--health.*``)."""
 
     batch_within_s: float = 0.05
     detector: HealthConfig = field(default_factory=HealthConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
     guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
+
+
+@dataclass(frozen=True)
+class HealthWiring(HealthTuning, IssuerWiring):
+    """What the health processors need besides the app: tuning and issuing."""
 
 
 def decide(step: LadderDecision, now: datetime, w: HealthWiring) -> Output[RouteCommand]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -23,13 +23,27 @@ from schemas.verdicts import Decision
 
 C = TypeVar("C", bound=Command)
 K = TypeVar("K", bound=Command, covariant=True)
+W = TypeVar("W", bound="IssuerWiring")
 
 
-@dataclass(frozen=True, slots=True)
+COMMAND_TTL_S = 60.0
+"""How long a command lives by default, every controller's alike (``command_ttl_s``)."""
+
+
+@dataclass(frozen=True)
 class IssuerWiring:
+    """What a controller needs to issue commands, from the process's settings (not a
+    controller's tuning): the topic prefix, the signing key, a command's lifetime."""
+
     topic_prefix: str = ""
     signing_key: tuple[str, bytes] | None = None  # None: advisory, decisions only
-    command_ttl_s: float = 60.0
+    command_ttl_s: float = COMMAND_TTL_S
+
+
+def wire(cls: type[W], tuning: Any, issuing: IssuerWiring) -> W:
+    """A processor's wiring: its tuning (a settings group) with the issuing settings."""
+    given = {f.name: getattr(tuning, f.name) for f in fields(tuning)}
+    return cls(**given, **{f.name: getattr(issuing, f.name) for f in fields(IssuerWiring)})
 
 
 @dataclass(frozen=True, slots=True)

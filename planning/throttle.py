@@ -27,8 +27,10 @@ ThrottleOutput = Output[ThrottleCommand]
 """A capacity, batch or power decision with its throttle command, if one was sent."""
 
 
-@dataclass(frozen=True, slots=True)
-class ControlWiring(IssuerWiring):
+@dataclass(frozen=True)
+class ControlTuning:
+    """The control role's settings (``FLEETLOOP_CONTROL__*``, ``--control.*``)."""
+
     period_s: float = 10.0
     # the processor's batch window: short, as a rack over its breaker limit waits in it
     # (part of the transport budget, tests/unit/test_breaker_budget.py)
@@ -43,6 +45,11 @@ class ControlWiring(IssuerWiring):
     levers: LeverConfig = field(default_factory=LeverConfig)
     tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
+
+
+@dataclass(frozen=True)
+class ControlWiring(ControlTuning, IssuerWiring):
+    """The control processor's wiring: its tuning and how it issues commands."""
 
 
 class ThrottleIssuer:

@@ -12,8 +12,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -27,9 +27,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from planning.demand import DemandWiring
-from planning.isolation import HealthWiring
-from planning.throttle import ControlWiring
+from planning.issuing import IssuerWiring
 from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
@@ -63,9 +61,16 @@ class WorkerConfig:
     batch_within_s: float = 1.0
     session_timeout_s: float = 10.0
     lag_interval_s: float = 15.0
-    health: HealthWiring | None = None  # None: no health detection or isolation
-    demand: DemandWiring | None = None  # None: no forecasting or warming
-    control: ControlWiring | None = None  # None: no capacity, batch or power control
+    wirings: Mapping[str, IssuerWiring] = field(default_factory=dict)  # role -> its wiring
+
+
+PROCESSORS: dict[str, Callable[..., list[TopicSpec]]] = {
+    "health": add_health,
+    "demand": add_demand,
+    "control": add_control,
+}
+"""Each controller role's processors: ``add(app, wiring, outputs, registry)`` registers
+them and returns the topics they read."""
 
 
 class IngestMetrics:
@@ -159,26 +164,12 @@ def create_app(
         for spec in INGESTED_TOPICS:
             _add_ingest(app, config, spec, sink, metrics, on_fatal)
         sources += INGESTED_TOPICS
-    roles = {
-        role
-        for role, wiring in (
-            ("health", config.health),
-            ("demand", config.demand),
-            ("control", config.control),
-        )
-        if wiring is not None
-    }
     outputs = Outputs(
-        app, ControllerMetrics(registry), topic_prefix=config.topic_prefix, roles=roles
-    )
-    if config.health is not None:
-        read = add_health(app, config.health, registry, outputs)
-        sources += [s for s in read if s not in sources]
-    if config.demand is not None:
-        read = add_demand(app, config.demand, outputs)
-        sources += [s for s in read if s not in sources]
-    if config.control is not None:
-        read = add_control(app, config.control, outputs)
+        app, ControllerMetrics(registry), topic_prefix=config.topic_prefix,
+        roles=set(config.wirings),
+    )  # fmt: skip
+    for role, wiring in config.wirings.items():
+        read = PROCESSORS[role](app, wiring, outputs, registry)
         sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)

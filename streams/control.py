@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
@@ -14,7 +15,9 @@ from schemas.topics import ACCELERATOR, PDU, SERVING, TopicSpec
 from streams.outputs import Outputs
 
 
-def add_control(app: faust.App, w: ControlWiring, outputs: Outputs) -> list[TopicSpec]:
+def add_control(
+    app: faust.App, w: ControlWiring, outputs: Outputs, registry: CollectorRegistry
+) -> list[TopicSpec]:
     """Register ``control.plan`` on ``app``; returns the topics it reads."""
     planner = ControlPlanner(w)
     specs = {w.topic_prefix + s.name: s for s in (SERVING, PDU, ACCELERATOR)}

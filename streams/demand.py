@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from controllers.clock import EventClock
 from planning.demand import DemandPlanner, DemandWiring, decide_warm
@@ -16,7 +17,9 @@ from schemas.topics import DEMAND, FORECASTS, SERVING, TopicSpec
 from streams.outputs import Outputs
 
 
-def add_demand(app: faust.App, w: DemandWiring, outputs: Outputs) -> list[TopicSpec]:
+def add_demand(
+    app: faust.App, w: DemandWiring, outputs: Outputs, registry: CollectorRegistry
+) -> list[TopicSpec]:
     """Register ``demand.plan`` on ``app``; returns the topics it reads."""
     planner = DemandPlanner(w)
     clock = EventClock()

@@ -67,7 +67,7 @@ class HealthMetrics:
 
 
 def add_health(
-    app: faust.App, wiring: HealthWiring, registry: CollectorRegistry, outputs: Outputs
+    app: faust.App, wiring: HealthWiring, outputs: Outputs, registry: CollectorRegistry
 ) -> list[TopicSpec]:
     """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``;
     returns the topics they read."""

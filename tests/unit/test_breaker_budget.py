@@ -31,7 +31,7 @@ from agents.sim.scenario import FaultKind, load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.settings import WorkerSettings
 from fleetloop.sim import build_host
-from fleetloop.worker import control_wiring
+from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner
 from schemas.commands import Command
 from tests.factories import COMMAND_KEYS, START

@@ -29,11 +29,16 @@ def test_bad_settings_exit_with_a_clear_message() -> None:
 
 
 def test_load_times_per_accelerator_are_a_flag() -> None:
-    args = build_parser().parse_args(["worker", "--load-s-by-accelerator", "h100=30,mi300x=45.5"])
-    assert _settings(WorkerSettings, args).load_times_s == {"h100": 30.0, "mi300x": 45.5}
-    assert WorkerSettings().load_times_s == {}
-    args = build_parser().parse_args(["worker", "--load-s-by-accelerator", "h100:30"])
-    with pytest.raises(SystemExit, match="load_s_by_accelerator"):
+    flag = "--demand.load-s-by-accelerator"
+    args = build_parser().parse_args(["worker", flag, "h100=30,mi300x=45.5"])
+    settings = _settings(WorkerSettings, args)
+    assert settings.demand.load_s_by_accelerator == {"h100": 30.0, "mi300x": 45.5}
+    assert WorkerSettings().demand.load_s_by_accelerator == {}
+    args = build_parser().parse_args(["worker", flag, "h100:30"])
+    with pytest.raises(SystemExit, match="key=value"):
+        _settings(WorkerSettings, args)
+    args = build_parser().parse_args(["worker", flag, "h100=-1"])
+    with pytest.raises(SystemExit, match="positive"):
         _settings(WorkerSettings, args)
 
 
