@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
-from fleetloop.settings import REPO_ROOT, BrokerSettings
+from fleetloop.settings import REPO_ROOT, BrokerSettings, ConnectionSettings
 
 
 @contextmanager
 def bench_broker(home: Path) -> Iterator[str]:
     """Yield a bootstrap address; a broker started here is stopped on the way out."""
-    given = os.environ.get("KAFKA_BOOTSTRAP")
-    if given:
-        yield given
+    connection = ConnectionSettings()
+    if connection.broker_given:
+        yield connection.kafka_bootstrap
         return
     broker = LocalKafkaBroker(
         BrokerSettings(

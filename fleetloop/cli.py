@@ -282,7 +282,9 @@ def _cmd_eval_faults(args: argparse.Namespace) -> int:
     if args.in_process:
         summary = run_in_process(run).summary()
     else:
-        summary = run_eval_faults(_settings(BrokerSettings, args), run).summary()
+        connection = ConnectionSettings()
+        given = connection.kafka_bootstrap if connection.broker_given else None
+        summary = run_eval_faults(_settings(BrokerSettings, args), run, bootstrap=given).summary()
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:

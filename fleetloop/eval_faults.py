@@ -65,8 +65,11 @@ def _say(message: str) -> None:
     print(f"[eval] {message}", file=sys.stderr, flush=True)
 
 
-def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore:
-    """Run the scenario through the pipeline and score it."""
+def run_eval_faults(
+    broker_settings: BrokerSettings, run: EvalRun, *, bootstrap: str | None = None
+) -> FaultScore:
+    """Run the scenario through the pipeline and score it, on the broker at ``bootstrap``
+    or, without one, a local broker started for the run."""
     scenario = load_scenario(run.scenario)
     if scenario.duration_s is None:
         raise ValueError(f"{run.scenario}: an evaluation needs a scenario with duration_s")
@@ -76,7 +79,6 @@ def run_eval_faults(broker_settings: BrokerSettings, run: EvalRun) -> FaultScore
     env = dict(os.environ)
     env.setdefault("FLEETLOOP_COMMAND_KEYS", f"eval={secrets.token_urlsafe(24)}")
     broker: LocalKafkaBroker | None = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP", "")
     if not bootstrap:
         broker = LocalKafkaBroker(broker_settings)
         _say(broker.up().describe())

@@ -4,10 +4,12 @@ where they act (the first case: a command's lifetime, on every controller's comm
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +155,19 @@ def test_nested_settings_come_from_the_environment_under_flags(
     monkeypatch.setenv("FLEETLOOP_PROCESSORS", "ingest,plan")
     with pytest.raises(ValueError, match="processors"):
         WorkerSettings()
+
+
+def test_nothing_reads_the_environment_but_the_settings() -> None:
+    """``os.environ.get``, ``os.getenv`` or ``os.environ[...]`` outside the settings would
+    be a setting no flag, no help and no test knows of (copying the environment for a
+    child process is not a read)."""
+    root = Path(__file__).parents[2]
+    packages = ("agents", "bench", "controllers", "fleetloop", "models", "planning", "schemas",
+                "streams")  # fmt: skip
+    reads = []
+    for path in sorted(p for pkg in packages for p in (root / pkg).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = ast.unparse(node) if isinstance(node, ast.Call | ast.Subscript) else ""
+            if text.startswith(("os.environ.get(", "os.getenv(", "os.environ[")):
+                reads.append(f"{path.relative_to(root)}:{node.lineno}: {text}")
+    assert not reads, reads
