@@ -1,14 +1,16 @@
 """`fleetloop eval control`: one pool through a control scenario under three policies.
 
 The pool is :class:`agents.sim.pool_plant.PoolPlant`, stepped each second; the
-policies act once per ``period_s`` (power once per second, as PDU readings
-come), all on the same scenario and the same random draws:
+policies act once per ``period_s`` (power as PDU readings come), all on the
+same scenario and the same random draws:
 
-- **ours**: :class:`~controllers.capacity.CapacityController` (the optional
-  budget, on TPOT p95 over its SLO and the pool's load over its batch slots),
-  :class:`~controllers.tpot_guard.TpotGuard` (the batch-size target), a
-  :class:`~controllers.power.PowerController` per rack, and the router's
-  value-aware :class:`~controllers.shedding.LoadShedder`;
+- **ours**: the control role exactly as a worker runs it
+  (:class:`Production`): the real :class:`~planning.pools.ControlPlanner`,
+  built from worker settings by the worker's own wiring, with its batch-slot
+  model, global budget, lever split, TPOT guard and rack planner, fed the
+  pool's telemetry as events each second, its signed throttle commands applied
+  to the plant as the executors apply them; and the router's value-aware
+  :class:`~controllers.shedding.LoadShedder`;
 - **static**: the scenario's fixed budget, no power control, one FIFO queue;
 - **hpa**: a threshold rule on the budget as Kubernetes' HPA scales replicas
   (tolerance 0.1 around the target; what frees capacity for optional work, its
@@ -26,16 +28,22 @@ the budget it ends at, and the overshoot past it.
 
 from __future__ import annotations
 
+import itertools
 import math
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from agents.sim.pool_plant import PoolPlant, PoolShape, Second
-from controllers.capacity import CapacityConfig, CapacityController
-from controllers.power import DevicePower, PowerConfig, PowerController, PowerLever
 from controllers.stages import Stabiliser
-from controllers.tpot_guard import TpotGuard, TpotGuardConfig
 from fleetloop.control_scenario import ControlScenario
+from fleetloop.settings import WorkerSettings
+from fleetloop.wiring import control_wiring
+from planning.pools import ControlPlanner
+from schemas.base import AcceleratorType
+from schemas.commands import ClockMode, ThrottleAction, ThrottleCommand
+from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 
 POLICIES = ("ours", "static", "hpa")
 
@@ -47,6 +55,7 @@ class Reading:
     tpot_ratio: float | None
     load_ratio: float | None
     baseline_ratio: float | None = None
+    noise: float = 1.0  # the sensor noise factor drawn for this period
 
 
 class Policy(Protocol):
@@ -54,69 +63,131 @@ class Policy(Protocol):
 
     def period(self, now: float, reading: Reading, plant: PoolPlant) -> int: ...
 
-    def power(
-        self, now: float, racks: list[float], limits: list[float], plant: PoolPlant
-    ) -> int: ...
+    def power(self, now: float, sec: Second, limits: list[float], plant: PoolPlant) -> int: ...
 
 
-def _devices(plant: PoolPlant, rack: int) -> list[DevicePower]:
-    s = plant.shape
-    # one device in four runs deferrable work: the least critical, capped first
-    return [
-        DevicePower(
-            str(i),
-            int(i % 4 != 0),
-            plant.device_watts[i],
-            plant.caps[i],
-            s.min_watts,
-            s.max_watts,
-            plant.low_clock[i],
-        )
-        for i in range(s.devices)
-        if plant.rack_of(i) == rack
-    ]
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # the plant's t = 0 (a whole number of periods)
+EVAL_KEY = "eval=eval-control-signing-key-0123"  # signed, as a worker with keys signs
 
 
-class Ours:
-    def __init__(self, racks: int, max_batch: int) -> None:
-        self.capacity = CapacityController(CapacityConfig())
-        self.guard = TpotGuard(TpotGuardConfig(max_batch=max_batch, high_ratio=1.0))
-        self.powers = [PowerController(PowerConfig()) for _ in range(racks)]
+def production_settings(scn: ControlScenario) -> WorkerSettings:
+    """The worker settings an operator would give this pool: the defaults, with the pool's
+    SLO, period and batch ceiling from the scenario, and a signing key."""
+    p = scn.pool
+    control = {"period_s": scn.period_s, "tpot_slo_s": p.tpot_slo_s,
+               "tpot_guard": {"max_batch": p.max_batch}}  # fmt: skip
+    return WorkerSettings(command_keys=EVAL_KEY, control=control)
+
+
+class Production:
+    """The control role as a worker runs it: :class:`~planning.pools.ControlPlanner` built
+    from :func:`production_settings` by the worker's own wiring, fed the pool's telemetry
+    each second (a serving report and an accelerator sample per device, a PDU reading per
+    rack), its signed commands applied to the plant as the executors apply them.
+
+    Each device is one replica on its own node. A second with a ``stale`` event sends no
+    serving reports; a ``nan`` second sends none either (NaN is a dead letter at ingest);
+    a ``spike`` multiplies the TPOT reported. Sensor noise is one draw per period, as
+    for the other policies, applied to the next period's reports.
+    """
+
+    def __init__(self, scn: ControlScenario) -> None:
+        self.scn = scn
+        self.planner = ControlPlanner(control_wiring(production_settings(scn)))
         self.budget = 0.0
-        self.moved = 0.0
+        self.moved_racks: set[str] = set()
+        self.noise = 1.0
+        self.ids = itertools.count()
+
+    @property
+    def moved(self) -> float:
+        """Batch work moved off the pool, in units of its load (the racks that moved it)."""
+        return self.scn.batch_level * len(self.moved_racks) / self.scn.pool.racks
+
+    def _id(self) -> uuid.UUID:
+        return uuid.UUID(int=next(self.ids))
 
     def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
-        d = self.capacity.step(
-            now=now,
-            latency_ratio=reading.tpot_ratio,
-            load_ratio=reading.load_ratio or 0.0,
-            baseline_ratio=reading.baseline_ratio,
-        )
-        actions = int(d.applied != self.budget)
-        self.budget = d.applied
-        tpot = None if reading.tpot_ratio is None else reading.tpot_ratio * plant.shape.tpot_slo_s
-        b = self.guard.step(tpot_p95_s=tpot, slo_s=plant.shape.tpot_slo_s,
-                            batch_in_use=plant.batch_in_use)  # fmt: skip
-        if b.target != plant.batch_target:
-            plant.batch_target, actions = b.target, actions + 1
-        return actions
+        """The period's sensor noise for the next period's reports (the planner keeps its
+        own periods of event time)."""
+        if reading.tpot_ratio is not None and math.isfinite(reading.tpot_ratio):
+            self.noise = reading.noise
+        return 0
 
-    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
-        actions = 0
-        for r, ctl in enumerate(self.powers):
-            plan = ctl.step(now=now, draw_watts=racks[r], limit_watts=limits[r],
-                            devices=_devices(plant, r))  # fmt: skip
-            for a in plan.actions:
-                i = int(a.device_uuid)
-                if a.lever is PowerLever.CAP and a.watts is not None:
-                    plant.caps[i] = a.watts
-                else:
-                    plant.low_clock[i] = a.lever is PowerLever.LOW_CLOCK
-            if plan.move_batch_watts > 0:
-                dyn = plant.shape.max_watts - plant.shape.idle_watts
-                self.moved += plan.move_batch_watts / (dyn * plant.shape.devices)
-            actions += bool(plan.actions)
-        return actions
+    def power(self, now: float, sec: Second, limits: list[float], plant: PoolPlant) -> int:
+        """One second of telemetry into the planner; its commands onto the plant."""
+        t = int(now)
+        outputs = []
+        for event in self._telemetry(t, EPOCH + timedelta(seconds=t), sec, limits, plant):
+            outputs += self.planner.feed(event)
+        acted = {(o.decision.controller, o.decision.target) for o in outputs if o.command}
+        for o in outputs:
+            if o.command is not None:
+                self._apply(o.command, plant)
+        return len(acted)
+
+    def _telemetry(
+        self, t: int, at: datetime, sec: Second, limits: list[float], plant: PoolPlant
+    ) -> list[AcceleratorTelemetry | PduReading | ServingMetrics]:
+        s, scn = plant.shape, self.scn
+        events: list[AcceleratorTelemetry | PduReading | ServingMetrics] = []
+        for i in range(s.devices):
+            rack = f"rack-{plant.rack_of(i)}"
+            events.append(AcceleratorTelemetry(
+                event_id=self._id(), observed_at=at, node_id=f"node-{i}", device_uuid=f"gpu-{i}",
+                device_index=0, accelerator_type=AcceleratorType.H100, region="eval",
+                pod_id="pod-0", rack_id=rack, pdu_id=f"pdu-{rack}",
+                power_usage_watts=plant.device_watts[i], power_limit_watts=plant.caps[i],
+                power_limit_min_watts=s.min_watts, power_limit_max_watts=s.max_watts,
+            ))  # fmt: skip
+        for r in range(s.racks):
+            events.append(PduReading(
+                event_id=self._id(), observed_at=at, pdu_id=f"pdu-rack-{r}", rack_id=f"rack-{r}",
+                pod_id="pod-0", region="eval", phase=PduPhase.L1, power_watts=sec.rack_watts[r],
+                capacity_watts=limits[r], breaker_limit_watts=limits[r],
+            ))  # fmt: skip
+        if scn.events_at(t, "stale") or scn.events_at(t, "nan"):
+            return events
+        spike = scn.events_at(t, "spike")
+        tpot = sec.baseline_tpot_s * self.noise * (spike[0].factor if spike else 1.0)
+        batch = plant.batch_in_use
+        served = max(sec.x_served, 1e-9)
+        queue = round(batch * sum(plant.queues.values()) / served)
+        requests = 100  # per device and second: only the shares below matter to the planner
+        optional = round(requests * min(1.0, sec.optional_served / served))
+        batch_work = round(requests * min(1.0, sec.batch_served / served))
+        for i in range(s.devices):
+            events.append(ServingMetrics(
+                event_id=self._id(), observed_at=at, replica_id=f"replica-{i}",
+                node_id=f"node-{i}", device_uuid=f"gpu-{i}", model="eval-model",
+                pool="eval-pool", region="eval", accelerator_type=AcceleratorType.H100,
+                interval_s=1.0, tpot_p95_s=tpot, queue_depth=queue, batch_size=batch,
+                tokens_per_s=0.0, requests=requests, errors=0, optional_requests=optional,
+                batch_requests=batch_work,
+            ))  # fmt: skip
+        return events
+
+    def _apply(self, c: ThrottleCommand, plant: PoolPlant) -> None:
+        """What the executors do with a throttle command, on the plant."""
+        if c.action is ThrottleAction.OPPORTUNISTIC_BUDGET:
+            self.budget = c.opportunistic_budget_ratio or 0.0
+        elif c.action is ThrottleAction.BATCH_SIZE and c.batch_size_max is not None:
+            plant.batch_target = c.batch_size_max
+        elif c.action is ThrottleAction.POWER_CAP and c.power_limit_watts is not None:
+            plant.caps[_device(c)] = c.power_limit_watts
+        elif c.action is ThrottleAction.CLOCK_MODE:
+            plant.low_clock[_device(c)] = c.clock_mode is ClockMode.LOW
+        elif c.action is ThrottleAction.MOVE_BATCH and c.target.rack_id is not None:
+            # the plant does not place work on racks: a move to the pool's other racks
+            # leaves its load as it was; only a move to another pool takes it away
+            if c.batch_move_ratio and c.to_pool != c.target.pool:
+                self.moved_racks.add(c.target.rack_id)
+            else:
+                self.moved_racks.discard(c.target.rack_id)
+
+
+def _device(c: ThrottleCommand) -> int:
+    return int((c.target.device_uuid or "gpu-0").removeprefix("gpu-"))
 
 
 class Static:
@@ -126,7 +197,7 @@ class Static:
     def period(self, now: float, reading: Reading, plant: PoolPlant) -> int:
         return 0
 
-    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
+    def power(self, now: float, sec: Second, limits: list[float], plant: PoolPlant) -> int:
         return 0
 
 
@@ -158,8 +229,8 @@ class Hpa:
         self.budget = new
         return int(changed)
 
-    def power(self, now: float, racks: list[float], limits: list[float], plant: PoolPlant) -> int:
-        actions = 0
+    def power(self, now: float, sec: Second, limits: list[float], plant: PoolPlant) -> int:
+        actions, racks = 0, sec.rack_watts
         s = plant.shape
         for rack in range(self.racks):
             r = racks[rack] / (0.92 * limits[rack])
@@ -198,7 +269,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     )  # fmt: skip
     plant = PoolPlant(shape, priority=name == "ours", seed=scn.seed, max_batch=p.max_batch)
     policy: Policy = (
-        Ours(p.racks, p.max_batch) if name == "ours"
+        Production(scn) if name == "ours"
         else Static(scn.static_budget) if name == "static"
         else Hpa(p.racks)
     )  # fmt: skip
@@ -212,7 +283,8 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         slow = scn.events_at(t, "slowdown")
         plant.slowdown = max((e.ratio for e in slow), default=1.0)
         baseline = plant.noisy(scn.baseline_at(t), scn.noise_ratio)
-        batch = max(0.0, scn.batch_level - (policy.moved if isinstance(policy, Ours) else 0.0))
+        moved = policy.moved if isinstance(policy, Production) else 0.0
+        batch = max(0.0, scn.batch_level - moved)
         sec = plant.step(baseline=baseline, batch=batch, optional_share=policy.budget)
         limits = scn.limits_at(t)
         tally.oracle += plant.oracle_optional(baseline=baseline, batch=scn.batch_level,
@@ -229,7 +301,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
                     over_since[r] = None  # it tripped; count the next trip afresh
             else:
                 over_since[r] = None
-        acted = policy.power(t, sec.rack_watts, limits, plant)
+        acted = policy.power(t, sec, limits, plant)
         seconds.append(sec)
         if (t + 1) % period == 0:
             acted += _end_period(scn, policy, plant, seconds, t + 1, tally)
@@ -250,17 +322,17 @@ def _end_period(
     ok = all(s.baseline_tpot_s <= p.tpot_slo_s and s.baseline_wait_s <= p.wait_slo_s
              for s in seconds)  # fmt: skip
     tally.periods_in_slo += ok
-    tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s
-    tpot *= 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
+    noise = 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
+    tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s * noise
     load = sum(s.load_ratio for s in seconds) / len(seconds)
     base = sum(s.baseline_ratio for s in seconds) / len(seconds)
-    reading = Reading(tpot, load, base)
+    reading = Reading(tpot, load, base, noise)
     if scn.events_at(now, "stale"):
         reading = Reading(None, None)
     elif scn.events_at(now, "nan"):
         reading = Reading(math.nan, math.nan)
     elif spikes := scn.events_at(now, "spike"):
-        reading = Reading(tpot * spikes[0].factor, load, base)
+        reading = Reading(tpot * spikes[0].factor, load, base, noise)
     acted = policy.period(now, reading, plant)
     tally.budgets.append((now, policy.budget))
     return acted

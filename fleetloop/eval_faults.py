@@ -36,16 +36,16 @@ from prometheus_client import CollectorRegistry
 from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
-from controllers.guardrail import Guardrail, GuardrailConfig
-from controllers.isolation import IsolationLadder, LadderConfig, LadderDecision
+from controllers.isolation import LadderDecision
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
-from fleetloop.settings import BrokerSettings
+from fleetloop.settings import BrokerSettings, WorkerSettings
 from fleetloop.sim import build_host
 from fleetloop.topics_admin import ensure_topics, read_topic
+from fleetloop.wiring import health_wiring
 from models.fault_scoring import FaultScore, faults_from_truth, score
-from models.health import HealthDetector
-from planning.isolation import HealthWiring, decide
+from planning import isolation
+from planning.isolation import decide
 from schemas.codec import decode
 from schemas.commands import RouteCommand
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
@@ -165,12 +165,13 @@ def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
     if scenario.duration_s is None:
         raise ValueError(f"{run.scenario}: an evaluation needs a scenario with duration_s")
     sim = Simulation(scenario, start=datetime(2026, 1, 1, tzinfo=UTC), nodes=run.nodes, seed=seed)
-    key = ("eval", secrets.token_bytes(24))
+    key = ("eval", secrets.token_urlsafe(24).encode())
     logging.getLogger("agents.executors").setLevel(logging.WARNING)  # a line per command
     host = build_host(SimControl(sim.fleet), {key[0]: key[1]}, CollectorRegistry())
-    detector = HealthDetector()
-    ladder = IsolationLadder(LadderConfig(), Guardrail(GuardrailConfig(), devices={}))
-    wiring = HealthWiring(signing_key=key)
+    # the health role as a worker builds it, from the same settings
+    settings = WorkerSettings(command_keys=f"{key[0]}={key[1].decode()}")
+    wiring = health_wiring(settings)
+    detector, ladder = isolation.detector(wiring), isolation.ladder(wiring)
     verdicts: list[Verdict] = []
     decisions: list[Decision] = []
 

@@ -4,28 +4,35 @@ policies, on a simulated clock.
 The trace becomes requests per step per model (one-minute steps by default):
 an Azure LLM trace is counted; a ServeGen rate file (10-minute windows) is
 sampled as Poisson arrivals at each window's rate (seeded). Each series then
-goes through :class:`~models.forecast.DemandForecaster`; every forecast (ours,
-persistence, seasonal-naive) is scored when its step arrives
-(:mod:`models.forecast_scoring`). The same series drives three policies over
-the same replica model (a replica serves ``replica_rps``, loads in
-``load_s``): ours (:class:`~controllers.warming.WarmingPolicy` on the
-forecast's band), a fixed 10-minute keep-alive, and a purely reactive one.
+goes through the demand planner a worker runs (:class:`~planning.demand.DemandPlanner`,
+built from worker settings); every forecast (ours, persistence, seasonal-naive)
+is scored when its step arrives (:mod:`models.forecast_scoring`). The same
+series drives three policies over the same replica model (a replica serves
+``replica_rps``, loads in ``load_s``): ours (the planner's warms and cools, past
+its guardrail), a fixed 10-minute keep-alive, and a purely reactive one.
 A request that finds no ready capacity is a cold start and waits for a load.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from agents.sim.demand import AzureTraceDemand, RateCsvDemand
 from agents.sim.fleet import poisson
-from controllers.warming import WarmingConfig, WarmingPolicy, replicas_for
-from models.forecast import DemandForecaster
+from controllers.warming import replicas_for
+from fleetloop.settings import WorkerSettings
+from fleetloop.wiring import demand_wiring
 from models.forecast_scoring import ForecastScore
+from planning.demand import DemandPlanner
+from schemas.base import AcceleratorType
+from schemas.events import Demand, ServingMetrics
 
 BASELINES = ("persistence", "seasonal_naive")
 
@@ -134,6 +141,16 @@ def _serve_step(
     res.busy_steps += busy
 
 
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # the trace's step 0 (a whole number of steps)
+
+
+def production_settings(*, step_s: float, replica_rps: float, load_s: float) -> WorkerSettings:
+    """The worker settings an operator would give this trace's models: the defaults, with
+    the step, what one replica serves and how long it loads."""
+    demand = {"step_s": step_s, "replica_rps": replica_rps, "load_s": load_s}
+    return WorkerSettings(demand=demand)
+
+
 def replay(
     series: list[float],
     *,
@@ -143,14 +160,22 @@ def replay(
     keepalive_s: float,
     horizons: tuple[int, ...],
     season: int,
-    config: WarmingConfig | None = None,
 ) -> tuple[ForecastScore, dict[str, PolicyResult]]:
-    """One series through the forecaster and the three policies."""
+    """One series through the demand planner a worker runs (ours) and two baselines.
+
+    Ours is :class:`~planning.demand.DemandPlanner` built from worker settings by the
+    worker's own wiring: each step it gets the step's demand as a ``Demand`` event and a
+    serving report from each ready replica (the router spreads requests over all of
+    them), closes the step, forecasts, and asks for warms and cools, which pass its
+    guardrail and are applied to the replicas.
+    """
     capacity = replica_rps * step_s
     load_steps = max(1, math.ceil(load_s / step_s))
     keep_steps = max(1, round(keepalive_s / step_s))
-    forecaster = DemandForecaster(horizons=horizons, season=season)
-    policy = WarmingPolicy(config or WarmingConfig(keep_steps=horizons[len(horizons) // 2]))
+    planner = DemandPlanner(
+        demand_wiring(production_settings(step_s=step_s, replica_rps=replica_rps, load_s=load_s))
+    )
+    model, region, pool = "trace-model", "trace", "trace-h100"
     score = ForecastScore()
     fleets = {name: Replicas(load_steps) for name in ("ours", "keepalive", "reactive")}
     results = {name: PolicyResult() for name in fleets}
@@ -160,32 +185,49 @@ def replay(
     scored_from = (
         season + 1 if len(series) > 2 * season + max(horizons) else min(60, len(series) // 4)
     )
+    ids = itertools.count()
     for t, demand in enumerate(series):
-        for model, h, value in pending.pop(t, []):
+        for name_h, h, value in pending.pop(t, []):
             if t >= scored_from:
-                score.add(model, h, value, demand)
+                score.add(name_h, h, value, demand)
         for name, r in fleets.items():
             _serve_step(r, results[name], t, demand, capacity, step_s)
-        forecaster.learn_one(demand)
-        bands = forecaster.forecast()
-        candidates = forecaster.candidate_forecasts()
-        for h, band in bands.items():
-            pending.setdefault(t + h, []).append(("ours", h, band.point))
+        at = EPOCH + timedelta(seconds=t * step_s)
+        ready = fleets["ours"].counts(t)[0]
+        # the router spreads the step's requests over every ready replica; each serves
+        # what it can (the rest are the cold starts counted above)
+        served = round(min(demand / ready, capacity)) if ready else 0
+        for j in range(ready):
+            planner.serving(ServingMetrics(
+                event_id=uuid.UUID(int=next(ids)), observed_at=at, replica_id=f"replica-{j}",
+                node_id=f"node-{j}", model=model, pool=pool, region=region,
+                accelerator_type=AcceleratorType.H100, interval_s=step_s, queue_depth=0,
+                batch_size=1, tokens_per_s=0.0, requests=served, errors=0,
+            ))  # fmt: skip
+        planner.demand(_demand(next(ids), at, model, region, round(demand), step_s))
+        # the next step's first event closes this one: forecasts, warms and cools
+        nxt = at + timedelta(seconds=step_s)
+        forecasts, steps = planner.demand(_demand(next(ids), nxt, model, region, 0, step_s))
+        for f in forecasts:
+            h = round(f.horizon_s / step_s)
+            if h in horizons:
+                pending.setdefault(t + h, []).append(("ours", h, f.point_rps * step_s))
+        candidates = planner.keys[(model, region)].forecaster.candidate_forecasts()
+        for h in horizons:
             for baseline in BASELINES:
                 if baseline in candidates:
-                    pending.setdefault(t + h, []).append((baseline, h, candidates[baseline][h]))
+                    value = candidates[baseline][h] * step_s  # rps, as the planner learns
+                    pending.setdefault(t + h, []).append((baseline, h, value))
+        for step in steps:
+            if step.guard.allowed:
+                _apply(fleets["ours"], results["ours"], step.decision.replicas, t)
         need = replicas_for(demand, capacity)
-        # ours: the forecast's band, a keep-alive derived from it
-        ready, loading = fleets["ours"].counts(t)
-        d = policy.step(step=t, bands=bands, ready=ready, loading=loading,
-                        capacity=capacity, load_steps=load_steps, observed=demand)  # fmt: skip
-        _apply(fleets["ours"], results["ours"], d.replicas, t)
         # fixed keep-alive: warm on demand, cool what has been idle for keepalive_s
         r = fleets["keepalive"]
         ready, loading = r.counts(t)
         _apply(r, results["keepalive"], max(0, need - ready - loading), t)
         idle = sum(
-            1 for i, at in enumerate(r.ready_at) if at <= t and t - r.last_used[i] >= keep_steps
+            1 for i, at_ in enumerate(r.ready_at) if at_ <= t and t - r.last_used[i] >= keep_steps
         )
         _apply(r, results["keepalive"], -idle, t)
         # reactive: exactly what demand needs now
@@ -193,6 +235,13 @@ def replay(
         ready, loading = r.counts(t)
         _apply(r, results["reactive"], need - ready - loading, t)
     return score, results
+
+
+def _demand(n: int, at: datetime, model: str, region: str, requests: int, step_s: float) -> Demand:
+    return Demand(
+        event_id=uuid.UUID(int=n), observed_at=at, model=model, region=region,
+        interval_s=step_s, requests=requests, prompt_tokens=0, generated_tokens=0,
+    )  # fmt: skip
 
 
 def _apply(r: Replicas, res: PolicyResult, delta: int, t: int) -> None:

@@ -15,9 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controllers.guardrail import GuardrailConfig
-from controllers.isolation import LadderConfig, LadderDecision
-from models.health import HealthConfig
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import IsolationLadder, LadderConfig, LadderDecision
+from models.health import HealthConfig, HealthDetector
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import ISOLATION
 from schemas.commands import RouteCommand, Target
@@ -37,6 +37,17 @@ class HealthTuning:
 @dataclass(frozen=True)
 class HealthWiring(HealthTuning, IssuerWiring):
     """What the health processors need besides the app: tuning and issuing."""
+
+
+def detector(w: HealthTuning) -> HealthDetector:
+    """The health detector ``health.detect`` runs, from its settings."""
+    return HealthDetector(w.detector)
+
+
+def ladder(w: HealthTuning) -> IsolationLadder:
+    """The isolation ladder ``health.isolate`` runs, with its guardrail, from its settings
+    (the guardrail learns the fleet's devices from the verdicts it sees)."""
+    return IsolationLadder(w.ladder, Guardrail(w.guardrail, devices={}))
 
 
 def decide(step: LadderDecision, now: datetime, w: HealthWiring) -> Output[RouteCommand]:

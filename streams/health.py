@@ -25,9 +25,8 @@ import faust
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
-from controllers.guardrail import Guardrail
-from controllers.isolation import IsolationLadder, LadderDecision
-from models.health import HealthDetector
+from controllers.isolation import LadderDecision
+from planning import isolation
 from planning.isolation import HealthWiring, decide
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
@@ -78,7 +77,7 @@ def add_health(
 
 
 def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
-    detector = HealthDetector(w.detector)
+    detector = isolation.detector(w)
     names = [w.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     verdicts = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
@@ -121,7 +120,7 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
 
 
 def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics, outputs: Outputs) -> None:
-    ladder = IsolationLadder(w.ladder, Guardrail(w.guardrail, devices={}))
+    ladder = isolation.ladder(w)
     clock = EventClock()
     source = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
 
