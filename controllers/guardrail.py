@@ -126,7 +126,9 @@ class GuardrailState:
 
 
 class Guardrail:
-    """See the module docstring. ``devices`` maps each device to its (pool, rack)."""
+    """Allows or refuses each isolation and scaling step: caps per pool and rack, a rate
+    limit, fail-static on stale telemetry, and a lockout a person lifts. ``devices`` maps
+    each device to its (pool, rack)."""
 
     def __init__(
         self,

@@ -105,7 +105,8 @@ class _Device:
 
 
 class IsolationLadder:
-    """See the module docstring."""
+    """Steps each device up and down the rungs (deweight, stop new sessions, drain,
+    quarantine, restore) on its verdicts and dwell times, every step past the guardrail."""
 
     def __init__(self, config: LadderConfig, guard: Guardrail) -> None:
         self.config = config

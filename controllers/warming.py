@@ -81,7 +81,9 @@ def replicas_for(demand: float, capacity: float) -> int:
 
 
 class WarmingPolicy:
-    """See the module docstring. One instance per (model, region)."""
+    """Warms for the forecast band's upper edge one load time ahead, keeps replicas while
+    the band a few steps ahead needs them, cools a surplus that has lasted. One instance
+    per (model, region)."""
 
     def __init__(self, config: WarmingConfig) -> None:
         self.config = config

@@ -161,7 +161,8 @@ def score(
     observed_s: float,
     grace_s: float = 60.0,
 ) -> FaultScore:
-    """See the module docstring; ``observed_s`` is how long the fleet ran."""
+    """Verdicts and decisions scored against the injected faults: detections, their
+    delays, false isolations. ``observed_s`` is how long the fleet ran."""
     grace = timedelta(seconds=grace_s)
     verdicts = sorted(verdicts, key=lambda v: v.observed_at)
     episodes: list[Verdict] = []

@@ -53,7 +53,8 @@ class Band:
 
 
 class DemandForecaster:
-    """See the module docstring."""
+    """Learns one demand series step by step and forecasts each horizon with a band, from
+    the candidate with the lowest recent error at that horizon."""
 
     def __init__(
         self,

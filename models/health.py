@@ -88,7 +88,9 @@ __all__ = ["DeviceState", "HealthConfig", "HealthDetector"]
 
 
 class HealthDetector:
-    """See the module docstring. ``new_id`` makes verdict ids (seeded in tests)."""
+    """Turns each device's telemetry, its node's health and its peers' serving figures
+    into verdicts on each device's health. ``new_id`` makes verdict ids (seeded in
+    tests)."""
 
     def __init__(
         self, config: HealthConfig | None = None, *, new_id: Callable[[], UUID] = uuid.uuid4

@@ -56,7 +56,8 @@ class StreamScorerConfig:
 
 
 class StreamScorer:
-    """See the module docstring."""
+    """Scores each value of one stream as it arrives (0: usual, 1: anomalous), learning
+    it afterwards."""
 
     def __init__(self, config: StreamScorerConfig | None = None) -> None:
         self.config = c = config or StreamScorerConfig()

@@ -100,7 +100,8 @@ class WarmStep:
 
 
 class DemandPlanner:
-    """See the module docstring."""
+    """Demand events into steps per (model, region); each closed step forecast, and the
+    warms and cools it calls for, past the guardrail."""
 
     def __init__(
         self, w: DemandWiring, *, guard: Guardrail | None = None, new_id: Any = uuid.uuid4

@@ -81,7 +81,8 @@ class _Pool:
 
 
 class ControlPlanner(ThrottleIssuer):
-    """See the module docstring."""
+    """Serving, PDU and accelerator telemetry in; per pool and period the optional-work
+    budget and batch target, per rack the caps and batch moves, as decisions and commands."""
 
     def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
         super().__init__(w, new_id=new_id)

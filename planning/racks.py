@@ -71,7 +71,8 @@ class _Device:
 
 
 class RackPlanner(ThrottleIssuer):
-    """See the module docstring. ``rooms`` says each pool's headroom, in replicas' worth,
+    """Each rack's power controller on its PDU readings and devices: caps, clocks and
+    batch moves, as decisions and commands. ``rooms`` says each pool's headroom, in replicas' worth,
     at its last close (where batch work may go)."""
 
     def __init__(
