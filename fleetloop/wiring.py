@@ -25,8 +25,8 @@ WIRINGS: dict[str, type[IssuerWiring]] = {
     "demand": DemandWiring,
     "control": ControlWiring,
 }
-"""Each controller role's wiring class; its settings group is the field of that name."""
-assert set(WIRINGS) == set(ROLES) - {INGEST}, "a role without wiring, or wiring without a role"
+"""Each controller role's wiring class; its settings group is the field of that name
+(tests/unit/test_settings_reach.py checks every role has both)."""
 
 
 def issuing(settings: WorkerSettings) -> IssuerWiring:
@@ -35,9 +35,10 @@ def issuing(settings: WorkerSettings) -> IssuerWiring:
     return IssuerWiring(settings.topic_prefix, key, settings.command_ttl_s)
 
 
-def role_wiring(settings: WorkerSettings, role: str) -> Any:
-    """``role``'s wiring from ``settings`` (whether or not this worker runs it)."""
-    return wire(WIRINGS[role], getattr(settings, role), issuing(settings))
+def role_wiring(settings: WorkerSettings, role: str, how: IssuerWiring | None = None) -> Any:
+    """``role``'s wiring from ``settings`` (whether or not this worker runs it); ``how``
+    it issues commands when already worked out."""
+    return wire(WIRINGS[role], getattr(settings, role), how or issuing(settings))
 
 
 def health_wiring(settings: WorkerSettings) -> HealthWiring:
@@ -54,8 +55,9 @@ def control_wiring(settings: WorkerSettings) -> ControlWiring:
 
 def wirings(settings: WorkerSettings) -> dict[str, IssuerWiring]:
     """The wiring of every controller role this worker runs."""
+    how = issuing(settings)  # the keys are parsed once, not per role
     out = {
-        role: role_wiring(settings, role)
+        role: role_wiring(settings, role, how)
         for role in ROLES
         if role in settings.roles and role != INGEST
     }
