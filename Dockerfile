@@ -7,8 +7,10 @@ COPY schemas ./schemas
 COPY controllers ./controllers
 COPY models ./models
 COPY planning ./planning
+COPY sre ./sre
 COPY agents ./agents
 COPY streams ./streams
+COPY evaluations ./evaluations
 COPY fleetloop ./fleetloop
 COPY infra ./infra
 COPY scenarios ./scenarios

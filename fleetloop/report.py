@@ -7,9 +7,9 @@ from pathlib import Path
 
 from fleetloop.settings import ConnectionSettings
 from fleetloop.sqlclient import format_table, run_query
-from streams.clickhouse_store import QueryResult
-from streams.questions import QuestionError, load_questions
-from streams.report import answer_all, charts, isolated_device, render_html
+from sre.questions import QuestionError, load_questions
+from sre.report import answer_all, charts, isolated_device, render_html
+from sre.results import QueryResult
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:

@@ -15,7 +15,8 @@ import urllib.request
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from fleetloop.settings import ConnectionSettings
-from streams.clickhouse_store import ClickHouseStore, QueryResult, StoreLockedError, open_store
+from sre.results import QueryResult
+from streams.clickhouse_store import ClickHouseStore, StoreLockedError, open_store
 
 
 class QueryError(RuntimeError):

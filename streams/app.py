@@ -31,9 +31,10 @@ from planning.issuing import IssuerWiring
 from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
-from streams.clickhouse_store import ClickHouseStore, QueryResult
+from sre.dashboards import load_dashboards, render_page
+from sre.results import QueryResult
+from streams.clickhouse_store import ClickHouseStore
 from streams.control import add_control
-from streams.dashboards import load_dashboards, render_page
 from streams.demand import add_demand
 from streams.health import add_health
 from streams.ingest import RawMessage, split

@@ -22,6 +22,8 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
+from sre.results import QueryResult
+
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "infra" / "clickhouse" / "schema"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -38,14 +40,6 @@ READER_SETTINGS: dict[str, Any] = {
 
 class StoreLockedError(RuntimeError):
     """The embedded data directory is owned by another process (ask that one)."""
-
-
-class QueryResult:
-    """Column names and rows of one query."""
-
-    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        self.columns = list(columns)
-        self.rows = [list(r) for r in rows]
 
 
 INSERT_SETTINGS: dict[str, Any] = {

@@ -11,7 +11,7 @@ from agents.publisher import KafkaPublisher
 from schemas.codec import encode
 from schemas.commands import RouteAction, RouteCommand, Target
 from schemas.topics import ROUTE_COMMANDS
-from streams.dashboards import load_dashboards
+from sre.dashboards import load_dashboards
 from tests.factories import signed_command
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetloop.cli import _settings, build_parser, main
+from fleetloop.cli import build_parser, main
+from fleetloop.cli.flags import settings_from
 from fleetloop.settings import WorkerSettings
 
 
@@ -15,31 +16,31 @@ def test_flags_override_env_and_env_overrides_defaults(monkeypatch: pytest.Monke
     monkeypatch.setenv("KAFKA_BOOTSTRAP", "broker-a:9092")
     monkeypatch.setenv("FLEETLOOP_BATCH_MAX", "123")
     args = build_parser().parse_args(["worker", "--web-port", "7000"])
-    settings = _settings(WorkerSettings, args)
+    settings = settings_from(WorkerSettings, args)
     assert settings.kafka_bootstrap == "broker-a:9092"
     assert settings.batch_max == 123 and settings.web_port == 7000
     args = build_parser().parse_args(["worker", "--kafka-bootstrap", "broker-b:9092"])
-    assert _settings(WorkerSettings, args).kafka_bootstrap == "broker-b:9092"
+    assert settings_from(WorkerSettings, args).kafka_bootstrap == "broker-b:9092"
 
 
 def test_bad_settings_exit_with_a_clear_message() -> None:
     args = build_parser().parse_args(["worker", "--web-port", "not-a-port"])
     with pytest.raises(SystemExit, match="web_port"):
-        _settings(WorkerSettings, args)
+        settings_from(WorkerSettings, args)
 
 
 def test_load_times_per_accelerator_are_a_flag() -> None:
     flag = "--demand.load-s-by-accelerator"
     args = build_parser().parse_args(["worker", flag, "h100=30,mi300x=45.5"])
-    settings = _settings(WorkerSettings, args)
+    settings = settings_from(WorkerSettings, args)
     assert settings.demand.load_s_by_accelerator == {"h100": 30.0, "mi300x": 45.5}
     assert WorkerSettings().demand.load_s_by_accelerator == {}
     args = build_parser().parse_args(["worker", flag, "h100:30"])
     with pytest.raises(SystemExit, match="key=value"):
-        _settings(WorkerSettings, args)
+        settings_from(WorkerSettings, args)
     args = build_parser().parse_args(["worker", flag, "h100=-1"])
     with pytest.raises(SystemExit, match="positive"):
-        _settings(WorkerSettings, args)
+        settings_from(WorkerSettings, args)
 
 
 def test_schemas_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

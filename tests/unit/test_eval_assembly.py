@@ -9,7 +9,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-EVALUATIONS = sorted((ROOT / "fleetloop").glob("eval_*.py"))
+EVALUATIONS = sorted((ROOT / "evaluations").glob("*.py"))
+HARNESSES = {"control.py", "faults.py", "forecast.py", "nab.py"}
+# The pool plant stands in for the serving engine, not a controller under test: its
+# admission is the engine's value-aware shedder with the defaults the simulator's
+# engine runs (agents.sim.state), so it may build that one by hand.
+ENGINE = {"pool_plant.py": {"LoadShedder(...)", "ShedConfig(...)"}}
 PRODUCTION = {
     "CapacityController", "TpotGuard", "PowerController", "GlobalBudget", "IsolationLadder",
     "Guardrail", "HealthDetector", "WarmingPolicy", "DemandForecaster", "RackPlanner",
@@ -38,8 +43,15 @@ def hand_assembly(source: str) -> list[str]:
 
 
 def test_no_evaluation_builds_a_controller_by_hand() -> None:
-    assert len(EVALUATIONS) == 4
-    found = {p.name: hand_assembly(p.read_text()) for p in EVALUATIONS}
+    assert HARNESSES <= {p.name for p in EVALUATIONS}
+    found = {
+        p.name: [
+            line
+            for line in hand_assembly(p.read_text())
+            if line.split(": ", 1)[1] not in ENGINE.get(p.name, set())
+        ]
+        for p in EVALUATIONS
+    }
     assert not any(found.values()), found
 
 

@@ -9,8 +9,8 @@ from uuid import uuid4
 
 import pytest
 
+from evaluations.fault_scoring import Fault, score
 from fleetloop.cli import main
-from models.fault_scoring import Fault, score
 from schemas.base import AcceleratorType
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
 

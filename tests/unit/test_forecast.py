@@ -13,9 +13,9 @@ import pytest
 
 from agents.sim.fleet import poisson
 from controllers.warming import WarmingConfig, WarmingPolicy, WarmReason, replicas_for
+from evaluations.forecast_scoring import ForecastScore
 from fleetloop.cli import main
 from models.forecast import Band, DemandForecaster
-from models.forecast_scoring import ForecastScore
 
 
 def _seasonal(n: int, season: int = 24, seed: int = 5) -> list[float]:

@@ -27,13 +27,16 @@ FRAMEWORKS = {
     "clickhouse_connect",
     "chdb",
 }
+OURS_BELOW_CLI = {"planning", "sre", "agents", "streams", "evaluations", "fleetloop"}
 RULES = {
-    "schemas": FRAMEWORKS | {"controllers", "models", "planning", "agents", "streams", "fleetloop"},
-    "controllers": FRAMEWORKS | {"models", "planning", "agents", "streams", "fleetloop"},
-    "models": (FRAMEWORKS - {"river"}) | {"planning", "agents", "streams", "fleetloop"},
-    "planning": FRAMEWORKS | {"agents", "streams", "fleetloop"},
-    "agents": {"planning", "streams", "fleetloop"},
-    "streams": {"agents", "fleetloop"},
+    "schemas": FRAMEWORKS | OURS_BELOW_CLI | {"controllers", "models"},
+    "controllers": FRAMEWORKS | OURS_BELOW_CLI | {"models"},
+    "models": (FRAMEWORKS - {"river"}) | OURS_BELOW_CLI,
+    "planning": FRAMEWORKS | OURS_BELOW_CLI - {"planning"},
+    "sre": FRAMEWORKS | OURS_BELOW_CLI - {"sre"} | {"controllers", "models"},
+    "agents": {"planning", "sre", "streams", "evaluations", "fleetloop"},
+    "streams": {"agents", "evaluations", "fleetloop"},
+    "evaluations": {"streams", "sre"},
 }
 
 
@@ -53,6 +56,35 @@ def test_package_imports_nothing_forbidden(package: str) -> None:
     offenders = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & RULES[package])
         for path in (ROOT / package).rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_only_the_cli_runs_evaluations_and_evaluations_never_run_the_cli() -> None:
+    cli = ROOT / "fleetloop" / "cli"
+    wiring = [p for p in (ROOT / "fleetloop").rglob("*.py") if cli not in p.parents]
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(
+            m for m in _imported_modules(p) if m.split(".")[0] == "evaluations"
+        )
+        for p in wiring
+    }
+    offenders |= {
+        str(p.relative_to(ROOT)): sorted(
+            m for m in _imported_modules(p) if m.startswith("fleetloop.cli")
+        )
+        for p in (ROOT / "evaluations").rglob("*.py")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetloop.cli import main
-from models.nab import (
+from evaluations.nab_scoring import (
     STANDARD,
     CostProfile,
     SweptFile,
@@ -22,6 +21,7 @@ from models.nab import (
     scaled_sigmoid,
     sweep,
 )
+from fleetloop.cli import main
 from models.univariate import StreamScorer, WindowedGaussian
 
 T0 = datetime(2024, 1, 1)

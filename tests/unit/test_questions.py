@@ -19,11 +19,12 @@ import pytest
 from controllers.isolation import REASONS
 from controllers.warming import WarmReason
 from fleetloop.settings import REPO_ROOT
-from streams.charts import line_chart
-from streams.clickhouse_store import ClickHouseStore, QueryResult
-from streams.dashboards import expand, load_dashboards, render_page, time_range
-from streams.questions import QuestionError, literal, load_questions
-from streams.report import answer_all, charts, isolated_device, render_html
+from sre.charts import line_chart
+from sre.dashboards import expand, load_dashboards, render_page, time_range
+from sre.questions import QuestionError, literal, load_questions
+from sre.report import answer_all, charts, isolated_device, render_html
+from sre.results import QueryResult
+from streams.clickhouse_store import ClickHouseStore
 from tests.factories import START
 from tests.seed_scenario import COLD_MODEL, CRASHED, FAULTY, TRIPPED_RACK, Seeded, seed
 

@@ -18,7 +18,8 @@ from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from controllers.guardrail import Guardrail
 from controllers.isolation import IsolationLadder
-from fleetloop.cli import _leaves, _settings, build_parser
+from fleetloop.cli import build_parser
+from fleetloop.cli.flags import leaves, settings_from
 from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import WIRINGS, role_wiring, wirings
 from fleetloop.worker import worker_config
@@ -55,7 +56,7 @@ def _candidates(default: Any) -> Iterator[str]:
 
 
 def _group_leaves() -> Iterator[tuple[tuple[str, ...], Any]]:
-    for path, _hint, default, _doc in _leaves(WorkerSettings):
+    for path, _hint, default, _doc in leaves(WorkerSettings):
         if path[0] in WIRINGS:
             yield path, default
 
@@ -69,7 +70,7 @@ def test_each_controller_setting_reaches_its_wiring(path: tuple[str, ...], defau
     for value in _candidates(default):
         args = build_parser().parse_args(["worker", flag, value])
         try:
-            settings = _settings(WorkerSettings, args)
+            settings = settings_from(WorkerSettings, args)
         except SystemExit:
             continue  # outside what its config accepts: try another
         break
@@ -128,7 +129,7 @@ def test_the_process_settings_reach_the_worker_config() -> None:
          "--app-id", "a", "--web-port", "7001", "--web-bind", "0.0.0.0",
          "--processors", "health,control"]
     )  # fmt: skip
-    settings = _settings(WorkerSettings, args)
+    settings = settings_from(WorkerSettings, args)
     config = worker_config(settings)
     assert (config.batch_max, config.batch_within_s, config.commit_interval_s) == (1234, 0.7, 1.9)
     assert (config.session_timeout_s, config.lag_interval_s, config.topic_prefix) == (
@@ -148,7 +149,7 @@ def test_nested_settings_come_from_the_environment_under_flags(
     monkeypatch.setenv("FLEETLOOP_CONTROL__PERIOD_S", "5")
     monkeypatch.setenv("FLEETLOOP_GC_TUNE", "false")
     args = build_parser().parse_args(["worker", "--control.period-s", "4"])
-    settings = _settings(WorkerSettings, args)
+    settings = settings_from(WorkerSettings, args)
     assert settings.control.tpot_guard.high_ratio == 0.9  # env, beside a flag in its group
     assert settings.control.period_s == 4.0  # the flag wins over the environment
     assert settings.gc_tune is False

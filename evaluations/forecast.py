@@ -6,7 +6,7 @@ an Azure LLM trace is counted; a ServeGen rate file (10-minute windows) is
 sampled as Poisson arrivals at each window's rate (seeded). Each series then
 goes through the demand planner a worker runs (:class:`~planning.demand.DemandPlanner`,
 built from worker settings); every forecast (ours, persistence, seasonal-naive)
-is scored when its step arrives (:mod:`models.forecast_scoring`). The same
+is scored when its step arrives (:mod:`evaluations.forecast_scoring`). The same
 series drives three policies over the same replica model (a replica serves
 ``replica_rps``, loads in ``load_s``): ours (the planner's warms and cools, past
 its guardrail), a fixed 10-minute keep-alive, and a purely reactive one.
@@ -27,9 +27,9 @@ from typing import Any
 from agents.sim.demand import AzureTraceDemand, RateCsvDemand
 from agents.sim.fleet import poisson
 from controllers.warming import replicas_for
+from evaluations.forecast_scoring import ForecastScore
 from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import demand_wiring
-from models.forecast_scoring import ForecastScore
 from planning.demand import DemandPlanner
 from schemas.base import AcceleratorType
 from schemas.events import Demand, ServingMetrics

@@ -12,7 +12,7 @@ and the simulated fleet with its executors, each in its own process, on topics
 of their own (``eval-<run>.``). When the scenario has run, it reads every
 verdict, decision and route command back from Kafka, with the broker's
 timestamps, and scores them against the simulator's ground truth
-(:mod:`models.fault_scoring`).
+(:mod:`evaluations.fault_scoring`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from controllers.isolation import LadderDecision
+from evaluations.fault_scoring import FaultScore, faults_from_truth, score
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.settings import BrokerSettings, WorkerSettings
 from fleetloop.sim import build_host
 from fleetloop.topics_admin import ensure_topics, read_topic
 from fleetloop.wiring import health_wiring
-from models.fault_scoring import FaultScore, faults_from_truth, score
 from planning import isolation
 from planning.isolation import decide
 from schemas.codec import decode

@@ -1,6 +1,6 @@
 """`fleetloop eval control`: one pool through a control scenario under three policies.
 
-The pool is :class:`agents.sim.pool_plant.PoolPlant`, stepped each second; the
+The pool is :class:`evaluations.pool_plant.PoolPlant`, stepped each second; the
 policies act once per ``period_s`` (power as PDU readings come), all on the
 same scenario and the same random draws:
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from agents.sim.pool_plant import PoolPlant, PoolShape, Second
 from controllers.stages import Stabiliser
-from fleetloop.control_scenario import ControlScenario
+from evaluations.control_scenario import ControlScenario
+from evaluations.pool_plant import PoolPlant, PoolShape, Second
 from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner

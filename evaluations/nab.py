@@ -17,7 +17,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from models.nab import STANDARD, SweptFile, best_threshold, file_score, normalised, sweep
+from evaluations.nab_scoring import (
+    STANDARD,
+    SweptFile,
+    best_threshold,
+    file_score,
+    normalised,
+    sweep,
+)
 from models.univariate import StreamScorer, WindowedGaussian
 
 

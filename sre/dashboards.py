@@ -25,9 +25,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from streams.charts import Point, line_chart
-from streams.clickhouse_store import QueryResult
-from streams.report import STYLE, as_utc, html_table
+from sre.charts import Point, line_chart
+from sre.report import STYLE, as_utc, html_table
+from sre.results import QueryResult
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "infra" / "grafana" / "dashboards"
 _TIME_FILTER = re.compile(r"\$__timeFilter\(([^()]+)\)")

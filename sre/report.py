@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from streams.charts import Point, fmt_number, line_chart
-from streams.clickhouse_store import QueryResult
-from streams.questions import Question, literal, load_questions
+from sre.charts import Point, fmt_number, line_chart
+from sre.questions import Question, literal, load_questions
+from sre.results import QueryResult
 
 Query = Callable[[str], QueryResult]
 Chart = tuple[str, str]  # the section it belongs to, its HTML

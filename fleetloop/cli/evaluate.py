@@ -1,0 +1,142 @@
+"""`fleetloop eval faults|nab|forecast|control`, each on the production planners."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fleetloop.cli.flags import settings_from
+from fleetloop.settings import BrokerSettings, ConnectionSettings
+
+
+def _cmd_eval_faults(args: argparse.Namespace) -> int:
+    from evaluations.faults import EvalRun, format_score, run_eval_faults, run_in_process
+
+    run = EvalRun(Path(args.scenario), speed=args.speed, nodes=args.nodes)
+    if args.in_process:
+        summary = run_in_process(run).summary()
+    else:
+        connection = ConnectionSettings()
+        given = connection.kafka_bootstrap if connection.broker_given else None
+        summary = run_eval_faults(
+            settings_from(BrokerSettings, args), run, bootstrap=given
+        ).summary()
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(format_score(run.scenario.name, summary))
+    return 0
+
+
+def _cmd_eval_nab(args: argparse.Namespace) -> int:
+    from evaluations.nab import (
+        format_nab,
+        read_corpus,
+        read_results,
+        run_detector,
+        score_corpus,
+        write_results,
+    )
+
+    corpus, windows = read_corpus(Path(args.dir))
+    if args.score_only:
+        results = Path(args.score_only)
+        detectors = args.detector or sorted(p.name for p in results.iterdir() if p.is_dir())
+        out = {d: score_corpus(read_results(results, d, corpus), windows) for d in detectors}
+        if args.json:
+            print(json.dumps(out, sort_keys=True))
+        else:
+            print("\n\n".join(format_nab(f"NAB scores of {d}", r) for d, r in out.items()))
+        return 0
+    scored = run_detector(corpus)
+    if args.out:
+        write_results(scored, Path(args.out), "fleetloop")
+    result = score_corpus(scored, windows)
+    # the baseline, measured in the same run on the same files
+    baseline = score_corpus(run_detector(corpus, "windowed_gaussian"), windows)
+    result["baseline_windowed_gaussian"] = baseline["score_standard"]
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(format_nab(f"fleetloop's stream scorer on {args.dir}", result))
+        print(f"windowed Gaussian baseline on the same files: {baseline['score_standard']}")
+    return 0
+
+
+def _cmd_eval_forecast(args: argparse.Namespace) -> int:
+    from evaluations.forecast import format_forecast, run_eval_forecast
+
+    result = run_eval_forecast(
+        Path(args.trace),
+        args.format,
+        step_s=args.step_s,
+        replica_rps=args.replica_rps,
+        load_s=args.load_s,
+        keepalive_s=args.keepalive_s,
+    )
+    print(json.dumps(result, sort_keys=True) if args.json else format_forecast(result))
+    return 0
+
+
+def _cmd_eval_control(args: argparse.Namespace) -> int:
+    from evaluations.control import format_control, run_eval_control
+    from evaluations.control_scenario import ControlScenarioError, load_control_scenario
+
+    try:
+        scenario = load_control_scenario(Path(args.scenario))
+    except ControlScenarioError as exc:
+        raise SystemExit(f"fleetloop: {exc}") from None
+    result = run_eval_control(scenario)
+    print(json.dumps(result, sort_keys=True) if args.json else format_control(result))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    evaluate = sub.add_parser("eval", help="score the detectors and controllers")
+    evals = evaluate.add_subparsers(dest="evaluation", required=True)
+    faults = evals.add_parser(
+        "faults", help="inject a scenario's faults into the full pipeline; score health"
+    )
+    faults.add_argument("--scenario", required=True, help="scenario file with duration_s")
+    faults.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s")
+    faults.add_argument("--nodes", type=int, help="override the scenario's node count")
+    faults.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    faults.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the same steps in one process on the simulated clock: no Kafka, no latency",
+    )
+    faults.set_defaults(func=_cmd_eval_faults)
+    nab = evals.add_parser("nab", help="the online stream scorer on a NAB-layout corpus")
+    nab.add_argument("dir", help="corpus: data/<category>/*.csv and labels/combined_windows.json")
+    nab.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    nab.add_argument("--out", help="also write our scores in NAB's results layout here")
+    nab.add_argument(
+        "--score-only",
+        metavar="RESULTS_DIR",
+        help="score detector outputs in NAB's results layout instead of running ours",
+    )
+    nab.add_argument(
+        "--detector", action="append", help="with --score-only: only this detector (repeatable)"
+    )
+    nab.set_defaults(func=_cmd_eval_nab)
+    forecast = evals.add_parser(
+        "forecast", help="a request trace through the forecaster and three warming policies"
+    )
+    forecast.add_argument("--trace", required=True, help="the trace file")
+    forecast.add_argument("--format", required=True, choices=["azure-llm", "rate-csv"])
+    forecast.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    forecast.add_argument("--step-s", type=float, default=60.0, help="forecast step")
+    forecast.add_argument("--replica-rps", type=float, default=10.0, help="one replica serves")
+    forecast.add_argument("--load-s", type=float, default=60.0, help="a replica loads in")
+    forecast.add_argument(
+        "--keepalive-s", type=float, default=600.0, help="the fixed keep-alive baseline"
+    )
+    forecast.set_defaults(func=_cmd_eval_forecast)
+    control = evals.add_parser(
+        "control", help="a pool through a control scenario: our controllers, static, HPA-style"
+    )
+    control.add_argument("--scenario", required=True, help="control scenario file (YAML)")
+    control.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    control.set_defaults(func=_cmd_eval_control)
