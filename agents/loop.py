@@ -4,7 +4,7 @@ It drives anything with a clock and a ``tick``: the simulated fleet (all its
 executors) or a real GPU host (its NVML reader and node executor). Each tick,
 in this order:
 
-1. take the commands consumed since the last tick and hand each to the host's
+1. take the commands consumed since the last tick and hand each to the dispatcher's
    executors at the source's current instant;
 2. tick the source (step the fleet, or read the hardware), so the telemetry
    already shows what the commands did;
@@ -42,7 +42,7 @@ from prometheus_client import (
 )
 
 from agents.executors.consumer import CommandConsumer
-from agents.executors.host import ExecutorHost
+from agents.executors.dispatch import CommandDispatcher
 from agents.publisher import KafkaPublisher
 from agents.runner import Records, publish_tick
 from schemas.base import Contract
@@ -90,7 +90,7 @@ class LoopMetrics:
 
 async def run_closed_loop(
     source: LoopSource,
-    host: ExecutorHost,
+    dispatcher: CommandDispatcher,
     publisher: KafkaPublisher,
     consumer: CommandConsumer | None,
     *,
@@ -103,7 +103,7 @@ async def run_closed_loop(
     stop: asyncio.Event | None = None,
 ) -> LoopStats:
     """Run until ``ticks`` steps (forever when None) or until ``stop`` is set, always at a
-    tick boundary (results out, offsets committed); see the module docstring.
+    tick boundary (results out, offsets committed), each tick in the order above.
 
     ``on_published`` runs after a tick's results are out and before the command
     offsets are committed: the place to persist the executors' replay memory.
@@ -118,7 +118,7 @@ async def run_closed_loop(
         now = source.now
         records: list[tuple[TopicSpec, Contract]] = []
         for c in consumed:
-            result = host.handle_raw(c.spec, c.value, now=now, received_at=now)
+            result = dispatcher.handle_raw(c.spec, c.value, now=now, received_at=now)
             if result is not None:
                 records.append((COMMAND_RESULTS, result))
         stats.results += len(records)

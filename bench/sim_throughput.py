@@ -35,7 +35,7 @@ from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from bench.broker import bench_broker
 from fleetloop.settings import REPO_ROOT
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from fleetloop.topics_admin import ensure_topics
 from schemas.codec import encode
 
@@ -63,7 +63,7 @@ async def _closed_loop(bootstrap: str, nodes: int, steps: int) -> tuple[float, i
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
     await ensure_topics(bootstrap, prefix=prefix)
     sim = _sim(nodes)
-    host = build_host(
+    host = build_dispatcher(
         SimControl(sim.fleet), {"bench": b"bench-key-0123456789"}, CollectorRegistry()
     )
     async with (

@@ -30,14 +30,14 @@ not optional):
    rate limit and the clamps (:mod:`controllers.stages`) decide what applies.
 
 The budget is a share of the pool's capacity for optional work. :func:`split_levers`
-turns it into the two levers of opportunistic capacity: extra candidates per
+turns it into the two levers of optional work: extra candidates per
 request (widen the funnel) and the share of requests served by a bigger model.
 :class:`GlobalBudget` caps the sum over pools.
 
 Example::
 
     c = CapacityController(CapacityConfig())
-    d = c.step(now=10.0, latency_ratio=0.041 / 0.06)
+    d = c.step(now=period_end, latency_ratio=0.041 / 0.06)
     d.applied, d.reason, d.p, d.i, d.d
 """
 
@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
 from statistics import median
 
@@ -110,7 +111,8 @@ class CapacityDecision:
 
 
 class CapacityController:
-    """One pool's optional-work budget; see the module docstring."""
+    """One pool's optional-work budget: a PID on the latency trend, fed forward by the
+    baseline's room, paced by the stages, given back on a breach or a silence."""
 
     def __init__(self, config: CapacityConfig) -> None:
         c = self.config = config
@@ -129,15 +131,15 @@ class CapacityController:
             ]
         )
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
-        self.baselines: deque[tuple[float, float]] = deque()
+        self.baselines: deque[tuple[datetime, float]] = deque()
         self.budget = 0.0
-        self.fresh_at: float | None = None
-        self.stale_from: tuple[float, float] | None = None  # (when, budget then)
+        self.fresh_at: datetime | None = None
+        self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
 
     def step(
         self,
         *,
-        now: float,
+        now: datetime,
         latency_ratio: float | None,
         load_ratio: float = 0.0,
         baseline_ratio: float | None = None,
@@ -179,7 +181,9 @@ class CapacityController:
                 self.baselines.clear()
                 self.stabiliser.forget()
             self.baselines.append((now, baseline_ratio))
-            while self.baselines[0][0] < now - max(c.stabilise_up_s, c.ramp_window_s):
+            while self.baselines[0][0] < now - timedelta(
+                seconds=max(c.stabilise_up_s, c.ramp_window_s)
+            ):
                 self.baselines.popleft()
             level = self._peak(now, default=baseline_ratio)
             ramp = self._ramp_level(now)
@@ -210,21 +214,26 @@ class CapacityController:
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
 
-    def _peak(self, now: float, *, default: float) -> float:
+    def _peak(self, now: datetime, *, default: float) -> float:
         """The busiest baseline of the stabilisation window."""
-        since = now - self.config.stabilise_up_s
+        since = now - timedelta(seconds=self.config.stabilise_up_s)
         return max((b for t, b in self.baselines if t >= since), default=default)
 
-    def _ramp_level(self, now: float) -> float | None:
+    def _ramp_level(self, now: datetime) -> float | None:
         """While the baseline falls steadily, the line it falls on now plus twice the spread
         about it (a ramp down is not a dip that comes back); None otherwise. Steadily: a
         least-squares line through a whole ``ramp_window_s`` of readings slopes down and
         explains ``ramp_fit`` of their variance (a window longer than the stabilisation
         window, so the falling half of a slow oscillation is not taken for a ramp)."""
         c = self.config
-        if self.baselines[0][0] > now - 0.9 * c.ramp_window_s:
+        if self.baselines[0][0] > now - timedelta(seconds=0.9 * c.ramp_window_s):
             return None  # not a whole window of readings yet
-        ramp = [(t, b) for t, b in self.baselines if t >= now - c.ramp_window_s]
+        # (seconds before now, baseline) over the window
+        ramp = [
+            ((at - now).total_seconds(), b)
+            for at, b in self.baselines
+            if at >= now - timedelta(seconds=c.ramp_window_s)
+        ]
         n = len(ramp)
         if n < 6:
             return None
@@ -238,7 +247,7 @@ class CapacityController:
         if slope >= 0 or slope * slope * stt / sbb < c.ramp_fit:
             return None
         spread = math.sqrt(max(0.0, (sbb - slope * slope * stt) / (n - 2)))
-        return mb + slope * (now - mt) + 2.0 * spread
+        return mb + slope * (0.0 - mt) + 2.0 * spread
 
     def limit(self, ratio: float) -> bool:
         """Hold the budget at ``ratio`` at most (a cap from outside, such as the global
@@ -255,9 +264,9 @@ class CapacityController:
         )
         return True
 
-    def _stale_or_hold(self, now: float) -> CapacityDecision:
+    def _stale_or_hold(self, now: datetime) -> CapacityDecision:
         c = self.config
-        if self.fresh_at is not None and now - self.fresh_at < c.stale_after_s:
+        if self.fresh_at is not None and (now - self.fresh_at).total_seconds() < c.stale_after_s:
             return CapacityDecision(self.budget, self.budget, CapacityReason.HOLD,
                                     "no latency this period: held")  # fmt: skip
         # blind for stale_after_s: the budget goes back, linearly over stale_decay_s, to
@@ -267,14 +276,16 @@ class CapacityController:
         if self.stale_from is None:
             self.stale_from = (now, self.budget)
         since, was = self.stale_from
-        left = max(0.0, 1.0 - (now - since) / c.stale_decay_s) if c.stale_decay_s > 0 else 0.0
+        blind_s = (now - since).total_seconds()
+        left = max(0.0, 1.0 - blind_s / c.stale_decay_s) if c.stale_decay_s > 0 else 0.0
         floor = min(was, c.stale_budget_ratio)
         self.budget = floor + (was - floor) * left
         self.recent.clear()
         self.baselines.clear()
         return CapacityDecision(
             self.budget, self.budget, CapacityReason.STALE_INPUT,
-            f"no latency for {now - (self.fresh_at or since):g} s: budget {self.budget:.3f}",
+            f"no latency for {(now - (self.fresh_at or since)).total_seconds():g} s: "
+            f"budget {self.budget:.3f}",
         )  # fmt: skip
 
 

@@ -13,8 +13,8 @@ the first that refuses names the reason:
    from here on, as it adds no blast radius;
 3. blast radius: at most ``max_isolated_ratio`` of any pool and
    ``rack_max_isolated_ratio`` of any rack isolated at once, but always at
-   least ``min_isolated`` device (Envoy ejects at most 10% of hosts by default;
-   a rack holds few nodes, so its default is a node's share);
+   least ``min_isolated`` device (Envoy's outlier detection ejects at most 10% of a
+   cluster by default; a rack holds few nodes, so its default is a node's share);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 Scaling a model's replicas (warm, cool) passes :meth:`Guardrail.check_scaling`:

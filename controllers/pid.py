@@ -20,7 +20,7 @@ derivative (its history is too old to difference). Pure: state in, state out.
 Example::
 
     cfg = PidConfig(kp=0.5, ki=0.05, kd=0.0, out_min=0.0, out_max=1.0)
-    state, step = pid_step(cfg, PidState(), setpoint=0.9, measurement=0.7, now=10.0)
+    state, step = pid_step(cfg, PidState(), setpoint=0.9, measurement=0.7, now=observed_at)
     step.output, step.p, step.i, step.d
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -68,7 +69,7 @@ class PidConfig:
 class PidState:
     integral: float = 0.0
     last_measurement: float | None = None
-    last_at: float | None = None
+    last_at: datetime | None = None
     derivative: float = 0.0  # filtered dy/dt
     output: float | None = None
 
@@ -84,28 +85,23 @@ class PidStep:
 
 
 def pid_step(
-    cfg: PidConfig, state: PidState, *, setpoint: float, measurement: float, now: float
+    cfg: PidConfig, state: PidState, *, setpoint: float, measurement: float, now: datetime
 ) -> tuple[PidState, PidStep]:
-    """One measurement through the controller; see the module docstring."""
+    """One measurement, taken at ``now``, through the controller: the new state and the
+    step's terms."""
     held = state.output if state.output is not None else _clamp(cfg, cfg.bias + state.integral)
-    if not (math.isfinite(measurement) and math.isfinite(setpoint) and math.isfinite(now)):
+    if not (math.isfinite(measurement) and math.isfinite(setpoint)):
         return state, PidStep(held, 0.0, state.integral, 0.0, math.nan, PidReason.INVALID_INPUT)
     error = setpoint - measurement
     if abs(error) <= cfg.deadband:
         error = 0.0
     p = cfg.kp * error
-    fresh = (
-        state.last_at is not None
-        and state.last_measurement is not None
-        and 0 < now - state.last_at <= cfg.max_gap_s
-    )
-    if not fresh:
+    dt = math.nan if state.last_at is None else (now - state.last_at).total_seconds()
+    if state.last_measurement is None or not 0 < dt <= cfg.max_gap_s:
         i = state.integral
         out = _clamp(cfg, cfg.bias + p + i)
         new = replace(state, last_measurement=measurement, last_at=now, derivative=0.0, output=out)
         return new, PidStep(out, p, i, 0.0, error, PidReason.FIRST)
-    assert state.last_at is not None and state.last_measurement is not None
-    dt = now - state.last_at
     slope = (measurement - state.last_measurement) / dt
     k = 1.0 if cfg.derivative_tau_s == 0 else dt / (cfg.derivative_tau_s + dt)
     derivative = state.derivative + k * (slope - state.derivative)

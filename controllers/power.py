@@ -35,7 +35,7 @@ knowing the draw). Pure: readings in, actions out.
 Example::
 
     ctl = PowerController(PowerConfig())
-    plan = ctl.step(now=60.0, draw_watts=9_800, limit_watts=10_000, devices=devices)
+    plan = ctl.step(now=period_end, draw_watts=9_800, limit_watts=10_000, devices=devices)
     for a in plan.actions: ...   # PowerAction(device, CAP, watts=...)
 """
 
@@ -45,6 +45,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 
@@ -65,7 +66,7 @@ class PowerLever(StrEnum):
 @dataclass(frozen=True, slots=True)
 class DevicePower:
     uuid: str
-    criticality: int  # 0 = least critical (opportunistic), higher = more (baseline)
+    criticality: int  # 0 = least critical (optional work), higher = more (baseline)
     draw_watts: float
     cap_watts: float
     min_cap_watts: float
@@ -117,14 +118,15 @@ class PowerConfig:
 
 
 class PowerController:
-    """One rack's caps; see the module docstring."""
+    """One rack's power caps: shed ahead of a projected overdraw, move batch work off
+    a rack held capped, lift the caps when the room has held."""
 
     def __init__(self, config: PowerConfig) -> None:
         self.config = config
         self.last_draw: float | None = None
         # (when, draw, rise since the reading before): the guard reads the last rise_window
         # rises, a lift the whole lift window
-        self.history: deque[tuple[float, float, float]] = deque()
+        self.history: deque[tuple[datetime, float, float]] = deque()
         self.calm = 0
         self.warned = 0  # periods in a row projected over the target
         self.held = 0  # periods in a row with a cap or low clock in force
@@ -135,7 +137,7 @@ class PowerController:
     def step(
         self,
         *,
-        now: float,
+        now: datetime,
         draw_watts: float | None,
         limit_watts: float,
         devices: Sequence[DevicePower],
@@ -153,7 +155,8 @@ class PowerController:
             self.pending_watts = 0.0  # what has not shown by now may never: guard it again
         self.last_draw = draw_watts
         self.history.append((now, draw_watts, rise))
-        while self.history[0][0] < now - c.lift_window_s and len(self.history) > c.rise_window:
+        lift_since = now - timedelta(seconds=c.lift_window_s)
+        while self.history[0][0] < lift_since and len(self.history) > c.rise_window:
             self.history.popleft()
         recent = list(self.history)[-c.rise_window :]
         projected = draw_watts + max(r for _, _, r in recent)
@@ -181,7 +184,7 @@ class PowerController:
                              f"caps held {c.move_after_periods} periods: move {batch:.0f} W "
                              "of batch work off the rack so they can come off",
                              move_batch_watts=batch, projected_watts=projected)  # fmt: skip
-        window = [(w, r) for t, w, r in self.history if t >= now - c.lift_window_s]
+        window = [(w, r) for at, w, r in self.history if at >= lift_since]
         guard = max(r for _, r in window)
         room = target - max(w for w, _ in window) - guard
         if projected < c.release_ratio * limit_watts or self._lift_fits(room, devices):

@@ -1,9 +1,9 @@
 """Local load shedding: what a router or executor does in milliseconds, before any controller.
 
 **Value-aware shedding** (:class:`LoadShedder`). Work comes in classes; the
-lowest value goes first: opportunistic, then batch, then background, and
+lowest value goes first: optional, then batch, then background, and
 baseline (interactive) never. Each class is degraded before it is dropped
-(an opportunistic request loses its extras, a batch one its priority). The
+(an optional request loses its extras, a batch one its priority). The
 signal is the queue's delay, ``queue_depth / service_rate`` in seconds, read
 on every admission. Each class has a degrade and a drop threshold; a class
 recovers only once the delay is ``recover_ratio`` below its threshold
@@ -22,20 +22,21 @@ through half-open; all good closes it, one failure reopens it.
 Time is an argument everywhere. Example::
 
     shed = LoadShedder(ShedConfig())
-    shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.4)   # -> Admission.DEGRADE
+    shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.4)   # -> Admission.DEGRADE
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import IntEnum, StrEnum
 
 
 class WorkClass(IntEnum):
     """Lower value first; the integer is the shedding order."""
 
-    OPPORTUNISTIC = 0
+    OPTIONAL = 0
     BATCH = 1
     BACKGROUND = 2
     BASELINE = 3
@@ -53,7 +54,7 @@ class ShedConfig:
 
     thresholds_s: dict[WorkClass, tuple[float, float]] = field(
         default_factory=lambda: {
-            WorkClass.OPPORTUNISTIC: (0.2, 0.5),
+            WorkClass.OPTIONAL: (0.2, 0.5),
             WorkClass.BATCH: (0.5, 1.0),
             WorkClass.BACKGROUND: (1.0, 2.0),
         }
@@ -75,7 +76,7 @@ class ShedConfig:
 
 
 class LoadShedder:
-    """Admission per work class from the queue delay; see the module docstring."""
+    """Admission per work class from its queue delay: degrade, then drop, in value order."""
 
     def __init__(self, config: ShedConfig) -> None:
         self.config = config
@@ -132,13 +133,14 @@ class CircuitBreaker:
     open_s: float = 5.0
     probes: int = 3
     state: BreakerState = BreakerState.CLOSED
-    opened_at: float = 0.0
+    opened_at: datetime | None = None
     outcomes: deque[bool] = field(default_factory=deque)
     probes_left: int = 0
 
-    def allow(self, *, now: float) -> bool:
+    def allow(self, *, now: datetime) -> bool:
         if self.state is BreakerState.OPEN:
-            if now - self.opened_at < self.open_s:
+            assert self.opened_at is not None  # opening stamps it
+            if (now - self.opened_at).total_seconds() < self.open_s:
                 return False
             self.state, self.probes_left = BreakerState.HALF_OPEN, self.probes
         if self.state is BreakerState.HALF_OPEN:
@@ -147,7 +149,7 @@ class CircuitBreaker:
             self.probes_left -= 1
         return True
 
-    def record(self, *, ok: bool, now: float) -> None:
+    def record(self, *, ok: bool, now: datetime) -> None:
         if self.state is BreakerState.HALF_OPEN:
             if not ok:
                 self._open(now)
@@ -163,6 +165,6 @@ class CircuitBreaker:
         if calls >= self.min_calls and failures / calls >= self.failure_ratio:
             self._open(now)
 
-    def _open(self, now: float) -> None:
+    def _open(self, now: datetime) -> None:
         self.state, self.opened_at = BreakerState.OPEN, now
         self.outcomes.clear()

@@ -21,7 +21,7 @@ limit -> clamp, say) and reports the last stage that had a say.
 Example::
 
     stages = Stages([Tolerance(0.05), Stabiliser(60.0), RateLimit(0.01, 1.0), Clamp(0, 1)])
-    applied, reason = stages.step(desired=0.4, current=0.3, now=120.0)
+    applied, reason = stages.step(desired=0.4, current=0.3, now=period_end)
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
@@ -42,7 +43,7 @@ class StageReason(StrEnum):
 
 class Stage(Protocol):
     def __call__(
-        self, value: float, *, current: float, now: float
+        self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]: ...
 
 
@@ -53,7 +54,7 @@ class Tolerance:
         self.ratio, self.floor, self.up_only = ratio, floor, up_only
 
     def __call__(
-        self, value: float, *, current: float, now: float
+        self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:
         if self.up_only and value < current:
             # a cut passes unless it is below the floor (noise, too small to act on)
@@ -70,17 +71,17 @@ class Stabiliser:
         if window_s < 0 or cautious not in ("up", "down"):
             raise ValueError("window_s >= 0; cautious is 'up' or 'down'")
         self.window_s, self.up = window_s, cautious == "up"
-        self.recent: deque[tuple[float, float]] = deque()
+        self.recent: deque[tuple[datetime, float]] = deque()
 
     def forget(self) -> None:
         """Start the window again (the conditions it was holding out against are gone)."""
         self.recent.clear()
 
     def __call__(
-        self, value: float, *, current: float, now: float
+        self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:
         self.recent.append((now, value))
-        while self.recent and self.recent[0][0] < now - self.window_s:
+        while self.recent and self.recent[0][0] < now - timedelta(seconds=self.window_s):
             self.recent.popleft()
         values = [v for _, v in self.recent]
         if self.up and value > current:
@@ -97,13 +98,13 @@ class RateLimit:
         if not (up_per_s > 0 and down_per_s > 0):
             raise ValueError("rate limits are positive (math.inf for none)")
         self.up_per_s, self.down_per_s = up_per_s, down_per_s
-        self.last_at: float | None = None
+        self.last_at: datetime | None = None
 
     def __call__(
-        self, value: float, *, current: float, now: float
+        self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:
         # the first step has no elapsed time to allow a change for: only unlimited moves pass
-        dt = 0.0 if self.last_at is None else max(0.0, now - self.last_at)
+        dt = 0.0 if self.last_at is None else max(0.0, (now - self.last_at).total_seconds())
         self.last_at = now
         hi = current + self.up_per_s * dt if math.isfinite(self.up_per_s) else math.inf
         lo = current - self.down_per_s * dt if math.isfinite(self.down_per_s) else -math.inf
@@ -118,20 +119,20 @@ class Clamp:
         self.lo, self.hi = lo, hi
 
     def __call__(
-        self, value: float, *, current: float, now: float
+        self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:
         clamped = min(max(value, self.lo), self.hi)
         return clamped, (StageReason.CLAMPED if clamped != value else None)
 
 
 class Stages:
-    """Stages run in order; see the module docstring."""
+    """The stages in order; :meth:`step` reports the last one that changed the value."""
 
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
 
     def step(
-        self, *, desired: float, current: float, now: float
+        self, *, desired: float, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:
         value, why = desired, None
         for stage in self.stages:

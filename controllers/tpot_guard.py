@@ -70,7 +70,8 @@ class BatchDecision:
 
 
 class TpotGuard:
-    """One pool's batch-size target; see the module docstring."""
+    """One pool's batch-size ceiling: lowered while TPOT nears its SLO, raised back in
+    steps once it has held below the low mark."""
 
     def __init__(self, config: TpotGuardConfig) -> None:
         self.config = config

@@ -169,8 +169,8 @@ class Production:
 
     def _apply(self, c: ThrottleCommand, plant: PoolPlant) -> None:
         """What the executors do with a throttle command, on the plant."""
-        if c.action is ThrottleAction.OPPORTUNISTIC_BUDGET:
-            self.budget = c.opportunistic_budget_ratio or 0.0
+        if c.action is ThrottleAction.OPTIONAL_BUDGET:
+            self.budget = c.optional_budget_ratio or 0.0
         elif c.action is ThrottleAction.BATCH_SIZE and c.batch_size_max is not None:
             plant.batch_target = c.batch_size_max
         elif c.action is ThrottleAction.POWER_CAP and c.power_limit_watts is not None:
@@ -224,7 +224,7 @@ class Hpa:
         if not math.isfinite(r) or abs(r - 1) <= self.tolerance:
             return 0
         desired = min(1.0, max(self.budget, 0.01) / r)
-        new, _ = self.up(desired, current=self.budget, now=now)
+        new, _ = self.up(desired, current=self.budget, now=EPOCH + timedelta(seconds=now))
         changed = new != self.budget
         self.budget = new
         return int(changed)
@@ -239,7 +239,8 @@ class Hpa:
             members = [i for i in range(s.devices) if plant.rack_of(i) == rack]
             cap = sum(plant.caps[i] for i in members) / len(members)
             desired = min(s.max_watts, max(s.min_watts, cap / r))
-            new, _ = self.lifts[rack](desired, current=cap, now=now)
+            at = EPOCH + timedelta(seconds=now)
+            new, _ = self.lifts[rack](desired, current=cap, now=at)
             if new != cap:
                 for i in members:
                     plant.caps[i] = new

@@ -41,7 +41,7 @@ from evaluations.fault_scoring import FaultScore, faults_from_truth, score
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.settings import BrokerSettings, WorkerSettings
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from fleetloop.topics_admin import ensure_topics, read_topic
 from fleetloop.wiring import health_wiring
 from planning import isolation
@@ -167,7 +167,7 @@ def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
     sim = Simulation(scenario, start=datetime(2026, 1, 1, tzinfo=UTC), nodes=run.nodes, seed=seed)
     key = ("eval", secrets.token_urlsafe(24).encode())
     logging.getLogger("agents.executors").setLevel(logging.WARNING)  # a line per command
-    host = build_host(SimControl(sim.fleet), {key[0]: key[1]}, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), {key[0]: key[1]}, CollectorRegistry())
     # the health role as a worker builds it, from the same settings
     settings = WorkerSettings(command_keys=f"{key[0]}={key[1].decode()}")
     wiring = health_wiring(settings)
@@ -180,7 +180,7 @@ def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
             out = decide(step, sim.now, wiring)
             decisions.append(out.decision)
             if out.command is not None:
-                host.handle(out.command, now=sim.now, received_at=sim.now)
+                dispatcher.handle(out.command, now=sim.now, received_at=sim.now)
 
     judged = (AcceleratorTelemetry, NodeHealth, ServingMetrics)
     for n in range(sim.ticks or 0):

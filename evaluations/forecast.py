@@ -263,7 +263,8 @@ def run_eval_forecast(
     keepalive_s: float = 600.0,
     seed: int = 7,
 ) -> dict[str, Any]:
-    """The whole evaluation as one JSON-able object (see the module docstring)."""
+    """The whole evaluation as one JSON-able object: the forecasters' errors and each
+    warming policy's cold starts and idle replica time on the trace."""
     horizons = tuple(max(1, round(m * 60 / step_s)) for m in (1, 5, 15))
     season = max(2, round(86_400 / step_s))
     total = ForecastScore()

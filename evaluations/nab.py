@@ -85,12 +85,16 @@ DETECTORS = {"fleetloop": StreamScorer, "windowed_gaussian": WindowedGaussian}
 
 
 def run_detector(corpus: list[Series], detector: str = "fleetloop") -> list[Series]:
-    """Stream every series through a fresh ``detector`` (each score sees only the past)."""
+    """Stream every series through a fresh ``detector``: each value scored against the
+    past, then learned."""
     out = []
-    for s in corpus:
+    for series in corpus:
         scorer = DETECTORS[detector]()
-        scores = [scorer.score_one(v, t) for t, v in zip(s.timestamps, s.values, strict=True)]
-        out.append(Series(s.name, s.timestamps, s.values, scores))
+        scores = []
+        for at, value in zip(series.timestamps, series.values, strict=True):
+            scores.append(scorer.score_one(value, at))
+            scorer.learn_one(value, at)
+        out.append(Series(series.name, series.timestamps, series.values, scores))
     return out
 
 

@@ -75,7 +75,8 @@ def sweep(
     windows: Sequence[tuple[datetime, datetime]],
     profile: CostProfile,
 ) -> SweptFile:
-    """What a detection at each row would be worth (see the module docstring)."""
+    """What a detection at each row would be worth under ``profile``: inside a window,
+    the scaled sigmoid of its position; outside, the false-positive weight."""
     if len(timestamps) != len(scores):
         raise ValueError(f"{name}: {len(timestamps)} timestamps but {len(scores)} scores")
     spans = []

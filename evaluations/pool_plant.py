@@ -125,13 +125,13 @@ class PoolPlant:
         optional = optional_share * cap
         q = self.queues
         arrivals = {WorkClass.BASELINE: baseline, WorkClass.BATCH: batch,
-                    WorkClass.OPPORTUNISTIC: optional}  # fmt: skip
+                    WorkClass.OPTIONAL: optional}  # fmt: skip
         for cls, x in arrivals.items():
             q[cls] += x
         served = dict.fromkeys(WorkClass, 0.0)
         left = cap
         if self.priority:
-            for cls in (WorkClass.BASELINE, WorkClass.BATCH, WorkClass.OPPORTUNISTIC):
+            for cls in (WorkClass.BASELINE, WorkClass.BATCH, WorkClass.OPTIONAL):
                 served[cls] = min(q[cls], left)
                 left -= served[cls]
         else:
@@ -147,18 +147,18 @@ class PoolPlant:
         baseline_ratio = sum(served[c] + q[c] for c in mandatory) / cap if cap > 0 else math.inf
         ahead = q[WorkClass.BASELINE] if self.priority else sum(q.values())
         baseline_wait = ahead / max(cap, 1e-9)
-        optional_served = served[WorkClass.OPPORTUNISTIC]
+        optional_served = served[WorkClass.OPTIONAL]
         if self.priority:
-            for cls in (WorkClass.OPPORTUNISTIC, WorkClass.BATCH):
+            for cls in (WorkClass.OPTIONAL, WorkClass.BATCH):
                 verdict = self.shedder.admit(cls, queue_delay_s=delay)
-                if cls is WorkClass.OPPORTUNISTIC and verdict is Admission.DEGRADE:
+                if cls is WorkClass.OPTIONAL and verdict is Admission.DEGRADE:
                     q[cls] *= 0.5  # queued optional requests lose their extras
-                elif cls is WorkClass.OPPORTUNISTIC and verdict is Admission.DROP:
+                elif cls is WorkClass.OPTIONAL and verdict is Admission.DROP:
                     q[cls] = 0.0
                 # batch is deferred, never dropped: it waits at the back of the queue
-        self.optional_age_s = self.optional_age_s + 1 if q[WorkClass.OPPORTUNISTIC] > 0 else 0
+        self.optional_age_s = self.optional_age_s + 1 if q[WorkClass.OPTIONAL] > 0 else 0
         if self.optional_age_s >= OPTIONAL_TIMEOUT_S:
-            q[WorkClass.OPPORTUNISTIC], self.optional_age_s = 0.0, 0.0
+            q[WorkClass.OPTIONAL], self.optional_age_s = 0.0, 0.0
         x = sum(served.values())
         tpot = self._power_and_tpot(x)
         racks = [s.host_watts_per_rack] * s.racks

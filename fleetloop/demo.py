@@ -87,7 +87,7 @@ SELECT c.action, coalesce(c.target_device_uuid, c.target_pool, c.target_node_id)
        c.reason, r.executor, r.status, substring(r.detail, 1, 58) AS detail
 FROM {db}.command_results AS r INNER JOIN {db}.commands AS c ON c.command_id = r.command_id
 WHERE r.ingested_at >= {since} AND c.ingested_at >= {since}
-  AND c.action NOT IN ('opportunistic_budget', 'power_cap', 'clock_mode')
+  AND c.action NOT IN ('optional_budget', 'power_cap', 'clock_mode')
 ORDER BY r.completed_at, r.src_offset LIMIT 1 BY r.result_id
 """
 DEVICE_SQL = """

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agents.executors.consumer import CommandConsumer
-from agents.executors.host import ExecutorHost
+from agents.executors.dispatch import CommandDispatcher
 from agents.loop import LoopSource, LoopStats, run_closed_loop, serve_http
 from agents.publisher import KafkaPublisher
 from agents.spool import DiskSpool
@@ -59,7 +59,7 @@ def wiring_for(
 
 async def run_loop(
     source: LoopSource,
-    host: ExecutorHost,
+    dispatcher: CommandDispatcher,
     wiring: LoopWiring,
     *,
     ticks: int | None,
@@ -95,7 +95,7 @@ async def run_loop(
         ):
             return await run_closed_loop(
                 source,
-                host,
+                dispatcher,
                 publisher,
                 consumer,
                 ticks=ticks,

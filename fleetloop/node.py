@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from agents.collectors.base import NodeIdentity
 from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl, NvmlSession
+from agents.executors.dispatch import CommandDispatcher, GatedExecutor
 from agents.executors.executors import NodeExecutor, Scope
 from agents.executors.gate import CommandGate, SeenCommands
-from agents.executors.host import ExecutorHost, HostedExecutor
-from agents.gpu_host import GpuHost
+from agents.gpu_node import GpuNode
 from agents.loop import LoopStats
 from fleetloop.loop import run_loop, wiring_for
 from fleetloop.settings import NodeSettings
@@ -43,11 +43,11 @@ async def run_node_async(
     session = NvmlSession(nvml)  # one NVML initialisation for the reader and the levers
     reader = NvmlGpuReader(identity, session=session)
     control = NvmlNodeControl(identity, session=session)
-    gpu_host = GpuHost(identity, reader, interval_s=settings.interval_s)
+    gpu_node = GpuNode(identity, reader, interval_s=settings.interval_s)
     seen = load_seen(settings.seen_file)
     gate = CommandGate(keys=settings.verification_keys(), seen=seen)
-    executor = HostedExecutor(
-        "node-executor", NodeExecutor(control), gate, accepts=gpu_host.addressed_to_me
+    executor = GatedExecutor(
+        "node-executor", NodeExecutor(control), gate, accepts=gpu_node.addressed_to_me
     )
     handled = 0
 
@@ -59,7 +59,7 @@ async def run_node_async(
             save_seen(settings.seen_file, gate.seen)
             handled = stats.results
 
-    host = ExecutorHost({Scope.NODE: executor}, registry=registry)
+    dispatcher = CommandDispatcher({Scope.NODE: executor}, registry=registry)
     wiring = wiring_for(
         settings,
         group_id=settings.group_id or f"fleetloop-node-{settings.node_id}",
@@ -67,8 +67,8 @@ async def run_node_async(
     )
     try:
         return await run_loop(
-            gpu_host,
-            host,
+            gpu_node,
+            dispatcher,
             wiring,
             ticks=settings.ticks,
             registry=registry,

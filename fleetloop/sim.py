@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
+from agents.executors.dispatch import CommandDispatcher, GatedExecutor
 from agents.executors.executors import NodeExecutor, RouterExecutor, Scope, Warmer
 from agents.executors.gate import CommandGate
-from agents.executors.host import ExecutorHost, HostedExecutor
 from agents.loop import LoopStats
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario, load_scenario
@@ -29,19 +29,19 @@ def build_simulation(settings: SimSettings, *, start: datetime | None = None) ->
     )
 
 
-def build_host(
+def build_dispatcher(
     control: SimControl, keys: dict[str, bytes], registry: CollectorRegistry
-) -> ExecutorHost:
+) -> CommandDispatcher:
     """All three executors on the simulated fleet, each with its own replay memory."""
-    return ExecutorHost(
+    return CommandDispatcher(
         {
-            Scope.NODE: HostedExecutor(
+            Scope.NODE: GatedExecutor(
                 "node-executor", NodeExecutor(control), CommandGate(keys=keys)
             ),
-            Scope.ROUTER: HostedExecutor(
+            Scope.ROUTER: GatedExecutor(
                 "router-executor", RouterExecutor(control), CommandGate(keys=keys)
             ),
-            Scope.WARMER: HostedExecutor("warmer", Warmer(control), CommandGate(keys=keys)),
+            Scope.WARMER: GatedExecutor("warmer", Warmer(control), CommandGate(keys=keys)),
         },
         registry=registry,
     )
@@ -56,7 +56,7 @@ async def run_sim_async(
 ) -> LoopStats:
     registry = registry or CollectorRegistry()
     control = SimControl(sim.fleet)
-    host = build_host(control, settings.verification_keys(), registry)
+    dispatcher = build_dispatcher(control, settings.verification_keys(), registry)
     wiring = wiring_for(
         settings,
         group_id=settings.group_id or "fleetloop-sim-executors",
@@ -68,7 +68,7 @@ async def run_sim_async(
     try:
         return await run_loop(
             sim,
-            host,
+            dispatcher,
             wiring,
             ticks=settings.ticks or sim.ticks,
             speed=settings.speed,

@@ -19,14 +19,16 @@ Three stages, each scored before it learns:
 3. **refractory**: after an alarm (likelihood over ``alarm``) the output is
    damped for ``refractory`` points, so one anomaly is one detection.
 
-The output is in [0, 1]; a higher score is more anomalous. ``score_one``
-returns the score of a value given only the past, then learns it.
+The output is in [0, 1]; a higher score is more anomalous. As in river,
+``score_one`` scores a value given only the past and changes nothing;
+``learn_one`` learns it. Score first, then learn:
 
 Example::
 
     scorer = StreamScorer()
     for at, value in series:
         score = scorer.score_one(value, at)
+        scorer.learn_one(value, at)
 
 The defaults were picked on NAB's development subset with a coarse search (48
 settings of the level and error rates, the likelihood windows and the
@@ -56,8 +58,8 @@ class StreamScorerConfig:
 
 
 class StreamScorer:
-    """Scores each value of one stream as it arrives (0: usual, 1: anomalous), learning
-    it afterwards."""
+    """Scores each value of one stream against its past (0: usual, 1: anomalous);
+    :meth:`learn_one` then learns it."""
 
     def __init__(self, config: StreamScorerConfig | None = None) -> None:
         self.config = c = config or StreamScorerConfig()
@@ -76,21 +78,46 @@ class StreamScorer:
         self.season: deque[float] | None = None  # the last season of values, once known
         self.season_error = 0.0
 
-    def score_one(self, x: float, at: datetime | None = None) -> float:
-        """Score ``x`` (observed at ``at``, if known) against the past; then learn it."""
+    def score_one(self, value: float, at: datetime | None = None) -> float:
+        """The score of ``value`` given only the past; changes nothing (river's contract:
+        :meth:`learn_one` learns it). ``at`` is accepted for symmetry: the season is
+        learned from timestamps, not scored from them."""
+        del at
         c = self.config
-        if not math.isfinite(x):
+        if not math.isfinite(value):
             return 0.0
+        seen = self.n + 1  # counting this value, as learn_one will
+        if seen <= c.warmup:
+            return 0.0
+        score, _ = self._assess(self._raw(value))
+        return score * 0.5 if seen < self.quiet_until else score
+
+    def learn_one(self, value: float, at: datetime | None = None) -> None:
+        """Learn ``value`` (observed at ``at``, if known): the predictors, the histogram,
+        the raw-score history and, after an alarm, the refractory period."""
+        c = self.config
+        if not math.isfinite(value):
+            return
         if at is not None:
             self._season_from(at)
-        raw = self._raw(x)
-        self._learn(x)
+        raw = self._raw(value)
+        self._learn(value)
         self.n += 1
-        if self.n <= c.warmup:
-            self._remember(raw)
-            return 0.0
-        self.raw_short.append(raw)
-        short_mean = sum(self.raw_short) / len(self.raw_short)
+        if self.n > c.warmup:
+            _, likelihood = self._assess(raw)
+            self.raw_short.append(raw)
+            if self.n >= self.quiet_until and likelihood >= c.alarm:
+                self.quiet_until = self.n + c.refractory
+        self._remember(raw)
+
+    def _assess(self, raw: float) -> tuple[float, float]:
+        """(score, likelihood) of a raw surprise against the raw history, as if it were
+        the newest of the short window."""
+        recent = list(self.raw_short)
+        if len(recent) == self.raw_short.maxlen:
+            recent = recent[1:]
+        recent.append(raw)
+        short_mean = sum(recent) / len(recent)
         k = len(self.raw_long)
         mean = self.long_sum / k
         var = max(self.long_sq / k - mean * mean, 0.0)
@@ -99,13 +126,7 @@ class StreamScorer:
         likelihood = 1.0 - 0.5 * math.erfc(z / math.sqrt(2.0))
         # the same order as the likelihood, without its saturation at 1.0 in floating point
         # (so the corpus threshold can still tell a strong anomaly from an overwhelming one)
-        score = 0.5 + 0.5 * z / (1.0 + abs(z))
-        self._remember(raw)
-        if self.n < self.quiet_until:
-            return score * 0.5
-        if likelihood >= c.alarm:
-            self.quiet_until = self.n + c.refractory
-        return score
+        return 0.5 + 0.5 * z / (1.0 + abs(z)), likelihood
 
     def _season_from(self, at: datetime) -> None:
         """The season's length in samples, from the spacing of the first two timestamps."""
@@ -187,22 +208,26 @@ class WindowedGaussian:
         self.total = 0.0
         self.squares = 0.0
 
-    def score_one(self, x: float, at: datetime | None = None) -> float:
+    def score_one(self, value: float, at: datetime | None = None) -> float:
+        """The two-sided tail of ``value`` against the window; changes nothing."""
         del at
-        if not math.isfinite(x):
+        if not math.isfinite(value):
             return 0.0
         k = len(self.values)
-        score = 0.0
-        if k >= 2:
-            mean = self.total / k
-            std = math.sqrt(max(self.squares / k - mean * mean, 0.0))
-            if std > 0:
-                score = 1.0 - math.erfc(abs(x - mean) / (std * math.sqrt(2.0)))
-        if k == self.values.maxlen:
+        if k < 2:
+            return 0.0
+        mean = self.total / k
+        std = math.sqrt(max(self.squares / k - mean * mean, 0.0))
+        return 1.0 - math.erfc(abs(value - mean) / (std * math.sqrt(2.0))) if std > 0 else 0.0
+
+    def learn_one(self, value: float, at: datetime | None = None) -> None:
+        del at
+        if not math.isfinite(value):
+            return
+        if len(self.values) == self.values.maxlen:
             old = self.values[0]
             self.total -= old
             self.squares -= old * old
-        self.values.append(x)
-        self.total += x
-        self.squares += x * x
-        return score
+        self.values.append(value)
+        self.total += value
+        self.squares += value * value

@@ -152,7 +152,7 @@ class ControlPlanner(ThrottleIssuer):
         base = sum(r.work * r.baseline_share for r in replicas) / slots
         before = pool.capacity.budget
         d = pool.capacity.step(
-            now=end.timestamp(),
+            now=end,
             latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
             load_ratio=load,
             baseline_ratio=base if replicas else None,
@@ -170,13 +170,13 @@ class ControlPlanner(ThrottleIssuer):
             pool.said = d.reason
             spend = split_levers(d.applied, base, w.levers)
             out.append(self._output(
-                end, name, CAPACITY, ThrottleAction.OPPORTUNISTIC_BUDGET, d.reason.value,
+                end, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
                 f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
                 f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
                 Target(pool=name), changed=d.applied != before,
                 extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
                        "i_term": d.i, "d_term": d.d},
-                params={"opportunistic_budget_ratio": round(d.applied, 4),
+                params={"optional_budget_ratio": round(d.applied, 4),
                         "funnel_extra_candidates": round(spend.funnel_extra, 3),
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip

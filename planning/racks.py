@@ -147,7 +147,7 @@ class RackPlanner(ThrottleIssuer):
         draw, limit = _summed(phases)
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
-            now=end.timestamp(), draw_watts=draw, limit_watts=limit,
+            now=end, draw_watts=draw, limit_watts=limit,
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
                             *d.cap_range(w.min_cap_ratio), d.low_clock,

@@ -103,7 +103,7 @@ class ThrottleAction(StrEnum):
     CLOCK_MODE = "clock_mode"
     BATCH_SIZE = "batch_size"
     ADMISSION = "admission"
-    OPPORTUNISTIC_BUDGET = "opportunistic_budget"
+    OPTIONAL_BUDGET = "optional_budget"
     MOVE_BATCH = "move_batch"
 
 
@@ -120,7 +120,7 @@ class ThrottleCommand(Command):
     clock_mode: ClockMode | None = None
     batch_size_max: Count | None = None
     admission_ratio: Ratio | None = None
-    opportunistic_budget_ratio: Ratio | None = None
+    optional_budget_ratio: Ratio | None = None
     funnel_extra_candidates: NonNegFloat | None = Field(
         default=None, description="with the budget: extra candidates per request it buys"
     )
@@ -143,7 +143,7 @@ class ThrottleCommand(Command):
             ThrottleAction.CLOCK_MODE: self.clock_mode,
             ThrottleAction.BATCH_SIZE: self.batch_size_max,
             ThrottleAction.ADMISSION: self.admission_ratio,
-            ThrottleAction.OPPORTUNISTIC_BUDGET: self.opportunistic_budget_ratio,
+            ThrottleAction.OPTIONAL_BUDGET: self.optional_budget_ratio,
             ThrottleAction.MOVE_BATCH: self.batch_move_ratio,
         }[self.action]
         if needed is None:

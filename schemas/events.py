@@ -162,7 +162,7 @@ class ServingMetrics(Event):
     requests: Count
     errors: Count
     optional_requests: Count | None = Field(
-        default=None, description="of requests, optional (opportunistic) work; None: not known"
+        default=None, description="of requests, optional work; None: not known"
     )
     batch_requests: Count | None = Field(
         default=None, description="of requests, deferrable batch work; None: not known"

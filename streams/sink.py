@@ -95,7 +95,9 @@ class SinkMetrics:
 
 
 class ClickHouseSink:
-    """Writes contracts to their tables; see the module docstring for the guarantees."""
+    """Writes contracts to their tables, dropping rows at or below each partition's
+    stored watermark, with one deduplication token per batch (at-least-once, no
+    duplicates)."""
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from agents.sim.scenario import DemandSpec, FaultKind, FaultSpec, FleetSpec, Sce
 from agents.sim.simulation import Simulation
 from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import IsolationLadder, LadderConfig
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from models.health import HealthDetector
 from planning.demand import DemandPlanner, DemandWiring, decide_warm
 from planning.isolation import HealthWiring, decide
@@ -107,7 +107,7 @@ def seed(store: ClickHouseStore) -> Seeded:
         ),
     )
     sim = Simulation(scenario, start=START)
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     offsets: dict[str, int] = {}
     records: list[tuple[Contract, Coordinates]] = []
     out = Seeded()
@@ -118,7 +118,7 @@ def seed(store: ClickHouseStore) -> Seeded:
 
     def command(spec: TopicSpec, c: Command) -> None:
         add(spec, c)
-        result = host.handle(c, now=sim.now, received_at=sim.now)
+        result = dispatcher.handle(c, now=sim.now, received_at=sim.now)
         assert result is not None
         add(COMMAND_RESULTS, result)
 

@@ -33,10 +33,10 @@ class NodeControl(Protocol):
 
 
 class RouterControl(Protocol):
-    """The router's table: weights per model and pool, ejected hosts, pool levers."""
+    """The router's table: weights per model and pool, ejected devices, pool levers."""
 
     def pool_devices(self, pool: str, target: Target) -> list[str]:
-        """Hosts of ``pool`` that the target names (for ejection)."""
+        """Devices of ``pool`` that the target names (for ejection)."""
         ...
 
     def set_pool_weight(self, pool: str, model: str | None, ratio: float) -> str: ...

@@ -8,12 +8,12 @@ Which executor answers a command is a function of the command alone
 (:func:`scope_of`), so every valid command has exactly one owner:
 
 - warm commands: the warmer;
-- route commands addressed to a pool: the router (pool weights; with a host
-  as well, ejection or readmission of that host);
+- route commands addressed to a pool: the router (pool weights; with a node or
+  device as well, ejection or readmission of its devices);
 - route commands addressed to a device or node: the node executor (what that
-  host accepts: de-weight, stop new sessions, drain, quarantine, restore);
+  device accepts: de-weight, stop new sessions, drain, quarantine, restore);
 - throttle commands: power cap and clock mode to the node executor; batch
-  size, admission, opportunistic budget and batch moves to the router.
+  size, admission, optional-work budget and batch moves to the router.
 """
 
 from __future__ import annotations
@@ -137,12 +137,12 @@ class RouterExecutor:
             value = {
                 ThrottleAction.BATCH_SIZE: command.batch_size_max,
                 ThrottleAction.ADMISSION: command.admission_ratio,
-                ThrottleAction.OPPORTUNISTIC_BUDGET: command.opportunistic_budget_ratio,
+                ThrottleAction.OPTIONAL_BUDGET: command.optional_budget_ratio,
             }.get(command.action)
             if value is None:
                 raise PermanentActuatorError(f"the router does not do {command.action.value}")
             done = [self.control.set_pool_lever(pool, command.action.value, float(value))]
-            # how the budget is spent: the two levers of opportunistic capacity, when given
+            # how the budget is spent: the two levers of optional work, when given
             for lever in ("funnel_extra_candidates", "upgrade_ratio"):
                 setting = getattr(command, lever)
                 if setting is not None:
@@ -150,17 +150,16 @@ class RouterExecutor:
             return "; ".join(done)
         if not isinstance(command, RouteCommand):
             raise PermanentActuatorError(f"the router does not do {type(command).__name__}")
-        host = command.target.node_id or command.target.device_uuid
-        if host:
+        if command.target.node_id or command.target.device_uuid:
             devices = self.control.pool_devices(pool, command.target)
             if not devices:
-                raise PermanentActuatorError(f"no host of pool {pool} matches {command.target}")
+                raise PermanentActuatorError(f"no device of pool {pool} matches {command.target}")
             if command.action is RouteAction.RESTORE:
                 return self.control.set_ejected(devices, ejected=False)
             if command.action in EJECTING:
                 return self.control.set_ejected(devices, ejected=True)
             raise PermanentActuatorError(
-                "the router de-weights pools; de-weight a host through the node executor"
+                "the router de-weights pools; de-weight a node or device through the node executor"
             )
         ratio = {
             RouteAction.DEWEIGHT: command.weight_ratio,

@@ -89,7 +89,7 @@ class SimControl:
         for u in device_uuids:
             (self.fleet.router.ejected.add if ejected else self.fleet.router.ejected.discard)(u)
         verb = "ejected" if ejected else "readmitted"
-        return f"{verb} {len(device_uuids)} host(s): {', '.join(device_uuids[:4])}"
+        return f"{verb} {len(device_uuids)} device(s): {', '.join(device_uuids[:4])}"
 
     def set_pool_lever(self, pool: str, lever: str, value: float) -> str:
         self._check_pool(pool)
@@ -98,8 +98,8 @@ class SimControl:
             r.batch_size_max[pool] = max(1, int(value))
         elif lever == "admission":
             r.admission_ratio[pool] = value
-        elif lever == "opportunistic_budget":
-            r.opportunistic_budget_ratio[pool] = value
+        elif lever == "optional_budget":
+            r.optional_budget_ratio[pool] = value
         elif lever in ("funnel_extra_candidates", "upgrade_ratio"):
             r.optional_levers.setdefault(pool, {})[lever] = value
         else:
@@ -131,7 +131,7 @@ class SimControl:
         for dev in f.devices.values():
             if dev.model is None:
                 continue
-            weight = f.router.weight(dev.model, dev.pool) * f.host_weight(dev)
+            weight = f.router.weight(dev.model, dev.pool) * f.device_weight(dev)
             routes.setdefault(dev.model, []).append(
                 {
                     "device_uuid": dev.uuid,
@@ -140,7 +140,7 @@ class SimControl:
                     "weight": round(weight, 4),
                     "serving": dev.serving(t),
                     "ejected": dev.uuid in f.router.ejected,
-                    "host_state": dev.admin.value,
+                    "admin_state": dev.admin.value,
                 }
             )
         r = f.router
@@ -149,7 +149,7 @@ class SimControl:
             "pool_weights": {f"{m}@{p}": w for (m, p), w in sorted(r.pool_weights.items())},
             "admission_ratio": dict(sorted(r.admission_ratio.items())),
             "batch_size_max": dict(sorted(r.batch_size_max.items())),
-            "opportunistic_budget_ratio": dict(sorted(r.opportunistic_budget_ratio.items())),
+            "optional_budget_ratio": dict(sorted(r.optional_budget_ratio.items())),
             "optional_levers": dict(sorted(r.optional_levers.items())),
             "batch_moves": {
                 f"{pool}@{rack}": {"ratio": ratio, "to_pool": to}

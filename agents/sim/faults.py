@@ -75,7 +75,8 @@ class ActiveFaults:
 
 
 class FaultClock:
-    """The scenario's faults on one fleet; see the module docstring."""
+    """The scenario's faults on one fleet: which are active at a time, what each does
+    to its devices, nodes and racks, and the consequences observed."""
 
     def __init__(self, faults: tuple[FaultSpec, ...] | list[FaultSpec]) -> None:
         self.specs = list(faults)

@@ -5,7 +5,7 @@ Each step of ``interval_s`` simulated seconds:
 1. demand per (model, region) from the demand source, scaled to the fleet,
    times any spike, plus any cold-model demand;
 2. routing: each region's demand is split over the replicas serving the model
-   there, in proportion to ``pool weight x host weight`` (the router's table);
+   there, in proportion to ``pool weight x device weight`` (the router's table);
    a region with no replica spills to the others; crashed hosts refuse
    connections, so the router skips them; a failed device takes traffic and
    errors until its route's circuit breaker opens, and errors are retried
@@ -56,7 +56,7 @@ from schemas.dcgm import CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_SW_POWER_
 
 NODES_PER_RACK = 4
 RACKS_PER_POD = 2
-HOST_WATTS = 600.0  # CPUs, NICs, fans per node
+NODE_BASE_WATTS = 600.0  # CPUs, NICs, fans per node
 BATCH_MAX = 256
 QUEUE_LIMIT_S = 30.0  # a queue longer than this many seconds of service rejects requests
 BASE_SBE_PER_S = 2e-4
@@ -126,7 +126,9 @@ class Fleet:
             self.nodes.append(node)
         for r in range(0, len(self.nodes), NODES_PER_RACK):
             members = self.nodes[r : r + NODES_PER_RACK]
-            nominal = sum(HOST_WATTS + d.spec.power_limit_watts for n in members for d in n.devices)
+            nominal = sum(
+                NODE_BASE_WATTS + d.spec.power_limit_watts for n in members for d in n.devices
+            )
             first = members[0]
             self.racks.append(
                 Rack(
@@ -181,6 +183,7 @@ class Fleet:
         active = self.faults.active(t, self)
         self._apply_node_faults(active, t)
         self._route(active, t)
+        at = self.start + timedelta(seconds=t)  # the routers' breakers run on event time
         if self.batch.active:
             serving = [d for d in self.devices.values() if self._runs_batch(d, t)]
             self.batch.place([(d, self._capacity_rps(d)) for d in serving], dt=dt)
@@ -189,7 +192,7 @@ class Fleet:
             self._heat(dev, active, dt)
             self._errors(dev, active, t, dt)
             if dev.model is not None:
-                self.router.record_step(dev, (dev.model, dev.node.region), t, dt)
+                self.router.record_step(dev, (dev.model, dev.node.region), at, dt)
         self._racks(active, t)
 
     def _apply_node_faults(self, active: ActiveFaults, t: float) -> None:
@@ -227,7 +230,7 @@ class Fleet:
             dev.model is not None
             and dev.serving(t)
             and not (dev.lost or dev.failed or dev.node.down)
-            and self.host_weight(dev) > 0
+            and self.device_weight(dev) > 0
         )
 
     @staticmethod
@@ -237,7 +240,7 @@ class Fleet:
         m = MODELS[dev.model]
         return dev.spec.capacity_tokens_per_s(m) / m.generated_tokens
 
-    def host_weight(self, dev: Device) -> float:
+    def device_weight(self, dev: Device) -> float:
         if dev.uuid in self.router.ejected:
             return 0.0
         if dev.admin is AdminState.ACTIVE:
@@ -253,6 +256,7 @@ class Fleet:
         self.offered.clear()
         self.unserved.clear()
         candidates: dict[tuple[str, str], list[tuple[Device, float]]] = {}
+        at = self.start + timedelta(seconds=t)
         for dev in self.devices.values():
             if dev.model is None or not dev.serving(t) or dev.lost:
                 continue
@@ -260,10 +264,10 @@ class Fleet:
             m = MODELS[dev.model]
             w = (
                 self.router.weight(dev.model, dev.pool)
-                * self.host_weight(dev)
+                * self.device_weight(dev)
                 * (dev.spec.capacity_tokens_per_s(m) / m.generated_tokens)
             )
-            if w > 0 and self.router.route_open(dev.uuid, t):
+            if w > 0 and self.router.route_open(dev.uuid, at):
                 candidates.setdefault((dev.model, dev.node.region), []).append((dev, w))
         for model in MODELS:
             for region in REGIONS:
@@ -323,7 +327,7 @@ class Fleet:
             dev.queue = limit
         # batch, then optional work, only where the router sends work at all (not drained,
         # ejected...), from what baseline leaves spare: baseline never waits for either
-        spare = capacity_rps - served / dt if self.host_weight(dev) > 0 else 0.0
+        spare = capacity_rps - served / dt if self.device_weight(dev) > 0 else 0.0
         dev.batch_rps = min(dev.batch_offered_rps, max(0.0, spare))
         self.batch.defer(dev.pool, (dev.batch_offered_rps - dev.batch_rps) * dt)
         spare -= dev.batch_rps
@@ -415,7 +419,7 @@ class Fleet:
             if rack.tripped and rack.rack_id not in active.breaker_ratio:
                 rack.tripped = False  # the feed is repaired and the breaker reset
             rack.power_watts = sum(
-                (0.0 if n.down else HOST_WATTS) + sum(d.power_watts for d in n.devices)
+                (0.0 if n.down else NODE_BASE_WATTS) + sum(d.power_watts for d in n.devices)
                 for n in rack.nodes
             )
             trip_after_s = active.trip_after_s.get(rack.rack_id, 10.0)

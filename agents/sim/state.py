@@ -10,6 +10,7 @@ how much optional work a replica takes (its shedder), whether its route is open
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 from agents.collectors.base import NodeIdentity
@@ -29,7 +30,7 @@ INLET_CELSIUS = 25.0
 
 
 class AdminState(StrEnum):
-    """What a host accepts, set by the node executor (the isolation ladder)."""
+    """What a device accepts, set by the node executor (the isolation ladder)."""
 
     ACTIVE = "active"
     DEWEIGHTED = "deweighted"
@@ -144,7 +145,7 @@ class RouterTable:
     ejected: set[str] = field(default_factory=set)  # device uuids
     admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
     batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
-    opportunistic_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
+    optional_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool
     # pool -> how its budget is spent (extra candidates per request, share upgraded)
     optional_levers: dict[str, dict[str, float]] = field(default_factory=dict)
     # each replica's local shedder: optional work it takes, by its own queue's delay
@@ -155,12 +156,12 @@ class RouterTable:
     retried_total: float = 0.0  # requests retried so far
     tpot_target_s: float = 0.072  # the TPOT the router fills optional work up to
 
-    def route_open(self, uuid: str, now: float) -> bool:
+    def route_open(self, uuid: str, now: datetime) -> bool:
         """Whether the route to this replica takes traffic (its breaker closed or probing)."""
         breaker = self.breakers.get(uuid)
         return breaker is None or breaker.allow(now=now)
 
-    def record_step(self, dev: Device, key: tuple[str, str], now: float, dt: float) -> None:
+    def record_step(self, dev: Device, key: tuple[str, str], now: datetime, dt: float) -> None:
         """After a step: the route's outcome to its breaker (a step that errored on most
         of its requests is a failure), and its errors retried next step on the same
         model and region, as far as the retry budget allows."""
@@ -183,7 +184,7 @@ class RouterTable:
         rate it can serve with TPOT at ``tpot_target_s``), degraded (halved) or dropped by
         its shedder as its queue grows, and never more than what baseline work leaves spare
         (baseline never waits for it); none on a device a power cap holds down."""
-        budget = self.opportunistic_budget_ratio.get(dev.pool, 0.0)
+        budget = self.optional_budget_ratio.get(dev.pool, 0.0)
         if budget <= 0 or capacity_rps <= 0 or room_rps <= 0 or dev.cap_clock < 1.0:
             # a device its power cap holds down has no spare: the watts optional work would
             # draw come out of the clock baseline work runs at
@@ -191,7 +192,7 @@ class RouterTable:
         shedder = self.shedders.get(dev.uuid)
         if shedder is None:
             shedder = self.shedders[dev.uuid] = LoadShedder(ShedConfig())
-        verdict = shedder.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=dev.queue / capacity_rps)
+        verdict = shedder.admit(WorkClass.OPTIONAL, queue_delay_s=dev.queue / capacity_rps)
         share = {Admission.ADMIT: 1.0, Admission.DEGRADE: 0.5, Admission.DROP: 0.0}[verdict]
         return max(0.0, min(budget * room_rps * share, spare_rps))
 

@@ -117,7 +117,7 @@ def test_drain_reaches_the_device_and_forged_expired_replayed_commands_are_answe
 
     # The router stopped sending it work, and its telemetry shows it idle.
     route = next(e for e in sim.get("/routes")["routes"]["llama-70b"] if e["device_uuid"] == DEVICE)
-    assert route["weight"] == 0 and route["host_state"] == "draining"
+    assert route["weight"] == 0 and route["admin_state"] == "draining"
     applied_at = worker.sql(
         "SELECT toString(completed_at) FROM fleetloop.command_results "
         f"WHERE command_id = '{drain.command_id}' AND status = 'applied'"

@@ -30,7 +30,7 @@ from agents.sim.control import SimControl
 from agents.sim.scenario import FaultKind, load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.settings import WorkerSettings
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner
 from schemas.commands import Command
@@ -57,7 +57,7 @@ def _run(scenario_file: str, transport_s: float) -> tuple[list[str], float]:
     wiring = control_wiring(settings)
     assert wiring is not None and wiring.period_s >= 10.0  # production's period, not a test's
     planner = ControlPlanner(wiring)
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     in_flight: list[tuple[float, Command]] = []
     over_since: dict[str, float] = {}
     longest = 0.0
@@ -67,7 +67,7 @@ def _run(scenario_file: str, transport_s: float) -> tuple[list[str], float]:
         t = sim.fleet.t_s
         for due, command in [c for c in in_flight if c[0] <= t]:
             in_flight.remove((due, command))
-            host.handle(command, now=sim.now, received_at=sim.now)
+            dispatcher.handle(command, now=sim.now, received_at=sim.now)
         for _, event in events:
             for o in planner.feed(event):
                 if o.command is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -35,26 +36,34 @@ from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
 PERIOD = 10.0
 
 
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    """The controllers' clock, ``seconds`` after an arbitrary start."""
+    return T0 + timedelta(seconds=seconds)
+
+
 def _run_capacity(ratios: list[float | None], load: float = 0.0) -> list[float]:
     c = CapacityController(CapacityConfig())
-    return [c.step(now=(k + 1) * PERIOD, latency_ratio=r, load_ratio=load).applied
+    return [c.step(now=at((k + 1) * PERIOD), latency_ratio=r, load_ratio=load).applied
             for k, r in enumerate(ratios)]  # fmt: skip
 
 
 def test_pid_terms_anti_windup_and_derivative_on_measurement() -> None:
     cfg = PidConfig(kp=1.0, ki=0.1, kd=2.0, out_min=0.0, out_max=1.0)
-    state, first = pid_step(cfg, PidState(), setpoint=0.5, measurement=0.2, now=0.0)
+    state, first = pid_step(cfg, PidState(), setpoint=0.5, measurement=0.2, now=at(0.0))
     assert first.reason is PidReason.FIRST and first.p == pytest.approx(0.3)
     # pinned at the top clamp: the integral does not grow while error pushes further up
     for k in range(1, 50):
-        state, s = pid_step(cfg, state, setpoint=2.0, measurement=0.2, now=float(k))
+        state, s = pid_step(cfg, state, setpoint=2.0, measurement=0.2, now=at(float(k)))
     assert s.output == 1.0 and s.reason is PidReason.SATURATED and state.integral <= 1.0
     # a setpoint change gives no derivative kick; a measurement change does
-    _, moved_setpoint = pid_step(cfg, state, setpoint=0.9, measurement=0.2, now=50.0)
+    _, moved_setpoint = pid_step(cfg, state, setpoint=0.9, measurement=0.2, now=at(50.0))
     assert moved_setpoint.d == 0.0
-    _, moved_measure = pid_step(cfg, state, setpoint=2.0, measurement=0.7, now=50.0)
+    _, moved_measure = pid_step(cfg, state, setpoint=2.0, measurement=0.7, now=at(50.0))
     assert moved_measure.d == pytest.approx(-2.0 * 0.5)
-    held, s = pid_step(cfg, state, setpoint=0.5, measurement=math.nan, now=51.0)
+    held, s = pid_step(cfg, state, setpoint=0.5, measurement=math.nan, now=at(51.0))
     assert held == state and s.reason is PidReason.INVALID_INPUT
     with pytest.raises(ValueError):
         PidConfig(kp=-1.0, ki=0.0, kd=0.0, out_min=0.0, out_max=1.0)
@@ -62,15 +71,18 @@ def test_pid_terms_anti_windup_and_derivative_on_measurement() -> None:
 
 def test_stages_compose_in_order() -> None:
     stages = Stages([Tolerance(0.1), Stabiliser(30.0), RateLimit(0.001, math.inf), Clamp(0, 0.5)])
-    assert stages.step(desired=0.3, current=0.3, now=0.0) == (0.3, None)
-    assert stages.step(desired=0.32, current=0.3, now=10.0) == (0.3, StageReason.WITHIN_TOLERANCE)
+    assert stages.step(desired=0.3, current=0.3, now=at(0.0)) == (0.3, None)
+    assert stages.step(desired=0.32, current=0.3, now=at(10.0)) == (
+        0.3,
+        StageReason.WITHIN_TOLERANCE,
+    )
     # an increase waits for the window's lowest recommendation, then the rate limit
-    assert stages.step(desired=0.6, current=0.3, now=20.0)[0] == pytest.approx(0.3)
-    value, why = stages.step(desired=0.6, current=0.3, now=55.0)
+    assert stages.step(desired=0.6, current=0.3, now=at(20.0))[0] == pytest.approx(0.3)
+    value, why = stages.step(desired=0.6, current=0.3, now=at(55.0))
     assert value == pytest.approx(0.3 + 0.001 * 35) and why is StageReason.RATE_LIMITED
-    value, why = stages.step(desired=0.6, current=0.49, now=1000.0)
+    value, why = stages.step(desired=0.6, current=0.49, now=at(1000.0))
     assert (value, why) == (0.5, StageReason.CLAMPED)
-    assert stages.step(desired=0.0, current=0.5, now=101.0)[0] == 0.0  # cuts pass at once
+    assert stages.step(desired=0.0, current=0.5, now=at(101.0))[0] == 0.0  # cuts pass at once
 
 
 # (name, latency ratios per period, what must hold of the applied budgets)
@@ -110,7 +122,7 @@ def test_capacity_oscillation_of_5pct_takes_at_most_one_action_per_300s() -> Non
     actions, budget = 0, None
     for k in range(600):
         load = 0.97 * (1 + 0.05 * math.sin(2 * math.pi * k * PERIOD / 120.0))
-        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.8, load_ratio=load)
+        d = c.step(now=at((k + 1) * PERIOD), latency_ratio=0.8, load_ratio=load)
         if k >= 300:
             actions += budget is not None and d.applied != budget
         budget = d.applied
@@ -120,12 +132,12 @@ def test_capacity_oscillation_of_5pct_takes_at_most_one_action_per_300s() -> Non
 def test_capacity_nan_and_inf_hold_and_record_pid_terms() -> None:
     c = CapacityController(CapacityConfig())
     for k in range(30):
-        d = c.step(now=(k + 1) * PERIOD, latency_ratio=0.6)
+        d = c.step(now=at((k + 1) * PERIOD), latency_ratio=0.6)
     assert d.reason in (CapacityReason.TRACKING, CapacityReason.RATE_LIMITED,
                         CapacityReason.STABILISING) and d.p > 0  # fmt: skip
     before = c.budget
     for bad in (math.nan, math.inf, -1.0):
-        d = c.step(now=400.0, latency_ratio=bad)
+        d = c.step(now=at(400.0), latency_ratio=bad)
         assert (d.applied, d.reason) == (before, CapacityReason.INVALID_INPUT)
     assert math.isfinite(c.state.integral)
 
@@ -144,7 +156,7 @@ def test_levers_and_global_budget() -> None:
     assert g.grant("b", 0.5, 20.0) == pytest.approx(0.4)  # ...and b may take it
     c = CapacityController(CapacityConfig())
     for k in range(40):
-        c.step(now=(k + 1) * PERIOD, latency_ratio=0.5)
+        c.step(now=at((k + 1) * PERIOD), latency_ratio=0.5)
     assert c.budget > 0.1 and c.limit(0.1) and c.budget == 0.1 and not c.limit(0.2)
     assert c.state.integral <= 0.1
 
@@ -155,31 +167,33 @@ def _rack(draw: float, caps: float = 700.0) -> list[DevicePower]:
 
 def test_power_caps_least_critical_first_and_lifts_with_hysteresis() -> None:
     ctl = PowerController(PowerConfig())
-    calm = ctl.step(now=0.0, draw_watts=4000, limit_watts=5000, devices=_rack(350))
+    calm = ctl.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(350))
     assert calm.reason is PowerReason.HOLD
-    plan = ctl.step(now=1.0, draw_watts=4900, limit_watts=5000, devices=_rack(460))
+    plan = ctl.step(now=at(1.0), draw_watts=4900, limit_watts=5000, devices=_rack(460))
     assert plan.reason is PowerReason.OVER_TARGET
     capped = [a for a in plan.actions if a.lever is PowerLever.CAP]
     # criticality 0 first, each down to its minimum, before any more critical device
     assert [a.device_uuid for a in capped[:4]] == ["d0", "d2", "d4", "d6"]
     assert all(a.watts == 200.0 for a in capped[:4])
     # deep trouble: caps and clocks are not enough, batch work has to move
-    plan = PowerController(PowerConfig()).step(now=0.0, draw_watts=9000, limit_watts=3000,
+    plan = PowerController(PowerConfig()).step(now=at(0.0), draw_watts=9000, limit_watts=3000,
                                                devices=_rack(900))  # fmt: skip
     assert plan.reason is PowerReason.MOVE_BATCH and plan.move_batch_watts > 0
     # headroom held for hold_periods lifts caps, most critical first
     lift = PowerController(PowerConfig())
-    plans = [lift.step(now=float(k), draw_watts=2000, limit_watts=5000,
+    plans = [lift.step(now=at(float(k)), draw_watts=2000, limit_watts=5000,
                        devices=_rack(200, caps=300)) for k in range(3)]  # fmt: skip
     assert [p.reason for p in plans] == [PowerReason.HOLD, PowerReason.HOLD, PowerReason.HEADROOM]
     assert int(plans[-1].actions[0].device_uuid[1:]) % 2 == 1
     for bad in (None, math.nan, math.inf):
-        assert lift.step(now=9.0, draw_watts=bad, limit_watts=5000, devices=_rack(1)).actions == ()
+        assert (
+            lift.step(now=at(9.0), draw_watts=bad, limit_watts=5000, devices=_rack(1)).actions == ()
+        )
 
 
 def test_power_guard_sees_a_ramp_before_the_limit() -> None:
     ctl = PowerController(PowerConfig())
-    reasons = [ctl.step(now=float(k), draw_watts=3000 + 250 * k, limit_watts=5000,
+    reasons = [ctl.step(now=at(float(k)), draw_watts=3000 + 250 * k, limit_watts=5000,
                         devices=_rack(400)).reason for k in range(8)]  # fmt: skip
     # 4500 W + a 250 W rise > 0.92 * 5000 for a second period: capping starts at 4750 W,
     # a period before the draw would reach the limit
@@ -208,15 +222,15 @@ def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
 
 def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
     shed = LoadShedder(ShedConfig())
-    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.3) is Admission.DEGRADE
+    assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.3) is Admission.DEGRADE
     assert shed.admit(WorkClass.BATCH, queue_delay_s=0.3) is Admission.ADMIT
-    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.6) is Admission.DROP
+    assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.6) is Admission.DROP
     assert shed.admit(WorkClass.BATCH, queue_delay_s=0.6) is Admission.DEGRADE
     assert shed.admit(WorkClass.BASELINE, queue_delay_s=99.0) is Admission.ADMIT
     # hysteresis: just under the drop line it stays dropped, well under it recovers
-    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.45) is Admission.DROP
-    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=0.1) is Admission.ADMIT
-    assert shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=math.nan) is Admission.DROP
+    assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.45) is Admission.DROP
+    assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.1) is Admission.ADMIT
+    assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=math.nan) is Admission.DROP
     with pytest.raises(ValueError, match="baseline"):
         ShedConfig(thresholds_s={WorkClass.BASELINE: (1.0, 2.0)})
 
@@ -230,14 +244,14 @@ def test_retry_budget_and_circuit_breaker() -> None:
     assert budget.grant(3.0) == pytest.approx(1.0)
     b = CircuitBreaker(failure_ratio=0.5, min_calls=4, open_s=5.0, probes=2)
     for ok in (True, False, False, False):
-        b.record(ok=ok, now=0.0)
+        b.record(ok=ok, now=at(0.0))
     assert b.state is BreakerState.OPEN
-    assert not b.allow(now=1.0)
-    assert b.allow(now=6.0) and b.allow(now=6.0) and not b.allow(now=6.0)
-    b.record(ok=True, now=6.1)
-    b.record(ok=True, now=6.2)
+    assert not b.allow(now=at(1.0))
+    assert b.allow(now=at(6.0)) and b.allow(now=at(6.0)) and not b.allow(now=at(6.0))
+    b.record(ok=True, now=at(6.1))
+    b.record(ok=True, now=at(6.2))
     closed: BreakerState = b.state
-    assert closed is BreakerState.CLOSED and b.allow(now=6.3)
+    assert closed is BreakerState.CLOSED and b.allow(now=at(6.3))
 
 
 def _feedforward(
@@ -249,7 +263,7 @@ def _feedforward(
     for k, b in enumerate(baselines):
         load = b + c.budget
         latency = 0.5 + latency_per_load * load
-        d = c.step(now=(k + 1) * PERIOD, latency_ratio=latency, load_ratio=load,
+        d = c.step(now=at((k + 1) * PERIOD), latency_ratio=latency, load_ratio=load,
                    baseline_ratio=b)  # fmt: skip
         out.append(d.applied)
     return out
@@ -291,14 +305,14 @@ def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
     ctl = PowerController(PowerConfig())
     draws = [4300, 4300, 4550, 4350, 4350]  # one 250 W jump: 4550 + 250 > 4600, then calm
     plans = [
-        ctl.step(now=float(k), draw_watts=w, limit_watts=5000, devices=_rack(400))
+        ctl.step(now=at(float(k)), draw_watts=w, limit_watts=5000, devices=_rack(400))
         for k, w in enumerate(draws)
     ]
     assert all(not p.actions for p in plans)
     # a projection past the limit itself sheds at once
     sharp = PowerController(PowerConfig())
-    sharp.step(now=0.0, draw_watts=4000, limit_watts=5000, devices=_rack(400))
-    assert sharp.step(now=1.0, draw_watts=4550, limit_watts=5000, devices=_rack(400)).actions
+    sharp.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(400))
+    assert sharp.step(now=at(1.0), draw_watts=4550, limit_watts=5000, devices=_rack(400)).actions
 
 
 def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
@@ -307,7 +321,8 @@ def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
     ctl = PowerController(PowerConfig())
     capped = _rack(400, caps=300)
     plans = [
-        ctl.step(now=float(k), draw_watts=4700, limit_watts=5780, devices=capped) for k in range(3)
+        ctl.step(now=at(float(k)), draw_watts=4700, limit_watts=5780, devices=capped)
+        for k in range(3)
     ]
     assert plans[-1].reason is PowerReason.HEADROOM
     lifted = sum(a.watts - 300 for a in plans[-1].actions if a.watts is not None)
@@ -315,17 +330,17 @@ def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
     assert 0 < lifted <= room + 1
     # the draw rises by what was lifted: the guard knows that rise for its own, so it is
     # not taken for a trend of the load and nothing is shed again
-    after = [ctl.step(now=3.0 + k, draw_watts=4700 + lifted, limit_watts=5780, devices=capped)
+    after = [ctl.step(now=at(3.0 + k), draw_watts=4700 + lifted, limit_watts=5780, devices=capped)
              for k in range(3)]  # fmt: skip
     assert all(p.reason is not PowerReason.OVER_TARGET for p in after)
     # the same rise two periods on, unannounced, is the load's: it is guarded against
-    later = ctl.step(now=7.0, draw_watts=4700 + 2 * lifted, limit_watts=5780, devices=capped)
+    later = ctl.step(now=at(7.0), draw_watts=4700 + 2 * lifted, limit_watts=5780, devices=capped)
     assert later.projected_watts == pytest.approx(4700 + 3 * lifted)
     # a trough of an oscillation is not headroom: the lift is sized for the window's peak
     wave = PowerController(PowerConfig())
     for k in range(60):
         draw = 5150 + 150 * math.sin(2 * math.pi * k / 30)
-        plan = wave.step(now=float(k), draw_watts=draw, limit_watts=5780, devices=capped)
+        plan = wave.step(now=at(float(k)), draw_watts=draw, limit_watts=5780, devices=capped)
         assert plan.reason is not PowerReason.HEADROOM
 
 
@@ -335,23 +350,23 @@ def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() 
                 for i in range(8)]  # fmt: skip
 
     ctl = PowerController(PowerConfig())
-    held = [ctl.step(now=float(k), draw_watts=4550, limit_watts=5000, devices=rack(350, 50))
+    held = [ctl.step(now=at(float(k)), draw_watts=4550, limit_watts=5000, devices=rack(350, 50))
             for k in range(3)]  # fmt: skip
     assert [p.reason for p in held][-1] is PowerReason.MOVE_BATCH
     assert held[-1].move_batch_watts == 400.0 and not held[-1].actions
     # moved once: while it is away, caps that still hold do not move it again
-    still = [ctl.step(now=3.0 + k, draw_watts=4550, limit_watts=5000, devices=rack(350, 20))
+    still = [ctl.step(now=at(3.0 + k), draw_watts=4550, limit_watts=5000, devices=rack(350, 20))
              for k in range(6)]  # fmt: skip
     assert PowerReason.MOVE_BATCH not in [p.reason for p in still]
     # a rack with no batch work has nothing to move: the caps just hold
     bare = PowerController(PowerConfig())
     assert all(
-        bare.step(now=float(k), draw_watts=4550, limit_watts=5000, devices=rack(350, 0)).reason
+        bare.step(now=at(float(k)), draw_watts=4550, limit_watts=5000, devices=rack(350, 0)).reason
         is PowerReason.HOLD
         for k in range(6)
     )
     # once nothing on the rack is held and the room covers what it drew, the work comes back
-    back = [ctl.step(now=200.0 + k, draw_watts=3000, limit_watts=5000, devices=rack(700, 0))
+    back = [ctl.step(now=at(200.0 + k), draw_watts=3000, limit_watts=5000, devices=rack(700, 0))
             for k in range(3)]  # fmt: skip
     assert back[-1].reason is PowerReason.HEADROOM and back[-1].return_batch_watts == 400.0
 
@@ -379,7 +394,7 @@ GUARD_SCENARIOS = [
 
 def _power_plans(draws: list[float | None], limit: float = 5000.0) -> list[PowerReason]:
     ctl = PowerController(PowerConfig())
-    return [ctl.step(now=float(k), draw_watts=w, limit_watts=limit, devices=_rack(400)).reason
+    return [ctl.step(now=at(float(k)), draw_watts=w, limit_watts=limit, devices=_rack(400)).reason
             for k, w in enumerate(draws)]  # fmt: skip
 
 
@@ -403,7 +418,7 @@ POWER_SCENARIOS = [
 
 def _shed(delays: list[float]) -> list[Admission]:
     shed = LoadShedder(ShedConfig())
-    return [shed.admit(WorkClass.OPPORTUNISTIC, queue_delay_s=d) for d in delays]
+    return [shed.admit(WorkClass.OPTIONAL, queue_delay_s=d) for d in delays]
 
 
 # the local shedder's table: (name, queue delay per admission, what must hold of the verdicts)

@@ -16,7 +16,7 @@ from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from agents.sim.state import Device
 from controllers.power import PowerConfig
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from planning.pools import ControlPlanner
 from planning.racks import RackPlanner
 from planning.throttle import ControlWiring, ThrottleOutput
@@ -47,7 +47,7 @@ def _run(
     scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
     demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     planner = ControlPlanner(
         ControlWiring(
             signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget,
@@ -64,7 +64,7 @@ def _run(
             continue
         for o in made:
             if o.command is not None:
-                result = host.handle(o.command, now=sim.now, received_at=sim.now)
+                result = dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
                 assert result is not None and result.status is ResultStatus.APPLIED, result
     return sim, outputs
 
@@ -93,7 +93,7 @@ def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
     assert first.p_term is not None and first.i_term is not None and first.d_term is not None
     assert first.outcome is DecisionOutcome.ISSUED and first.applied and first.applied > 0
     assert budget[0].command is not None
-    assert budget[0].command.opportunistic_budget_ratio == round(first.applied, 4)
+    assert budget[0].command.optional_budget_ratio == round(first.applied, 4)
     # spent on the two levers, and the router holds both
     command = budget[-1].command
     assert command is not None and command.funnel_extra_candidates is not None
@@ -133,7 +133,7 @@ def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
     control = SimControl(sim.fleet)
     drained = next(d for d in sim.fleet.devices.values() if d.model is not None)
     control.set_admission_state(drained.uuid, RouteAction.DRAIN, weight_ratio=None)
-    control.set_pool_lever(drained.pool, "opportunistic_budget", 0.3)
+    control.set_pool_lever(drained.pool, "optional_budget", 0.3)
     for n in range(1, 5):
         sim.tick(n)
     peers = [d for d in sim.fleet.devices.values()
@@ -297,7 +297,7 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
     wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
     racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     made: list[ThrottleOutput] = []
     for n in range(int(300 / sim.interval_s)):
         for _, event in sim.tick(n):
@@ -310,7 +310,7 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
                 made += out
                 for o in out:  # the caps land, so they hold (and the rack does not trip)
                     if o.command is not None:
-                        host.handle(o.command, now=sim.now, received_at=sim.now)
+                        dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
     moves = [o for o in made if o.decision.action == "move_batch"]
     assert moves and all(o.command is None for o in moves)  # nothing is sent anywhere
     stays = [o.decision for o in moves if "stays" in o.decision.message]

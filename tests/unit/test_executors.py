@@ -1,4 +1,4 @@
-"""Executors hosted on the simulated fleet: ownership, results for every command, metrics."""
+"""Executors dispatched on the simulated fleet: ownership, results for every command, metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from agents.executors.executors import Scope, scope_of
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario
 from agents.sim.simulation import Simulation
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from schemas.codec import encode
 from schemas.commands import (
     ClockMode,
@@ -98,15 +98,17 @@ def test_every_command_has_exactly_one_owner(command: Command, scope: Scope) -> 
     assert scope_of(command) is scope
 
 
-def _host(sim: Simulation | None = None, registry: CollectorRegistry | None = None):  # type: ignore[no-untyped-def]
+def _dispatcher(sim: Simulation | None = None, registry: CollectorRegistry | None = None):  # type: ignore[no-untyped-def]
     sim = sim or Simulation(Scenario(), start=START)
     sim.tick(0)
-    return sim, build_host(SimControl(sim.fleet), COMMAND_KEYS, registry or CollectorRegistry())
+    return sim, build_dispatcher(
+        SimControl(sim.fleet), COMMAND_KEYS, registry or CollectorRegistry()
+    )
 
 
 def test_applied_duplicate_forged_expired_each_with_a_result() -> None:
     registry = CollectorRegistry()
-    sim, host = _host(registry=registry)
+    sim, dispatcher = _dispatcher(registry=registry)
     now = sim.fleet.now
     drain = _command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN)
     forged = signed_command(
@@ -125,7 +127,7 @@ def test_applied_duplicate_forged_expired_each_with_a_result() -> None:
     )
     statuses = []
     for c in (drain, drain, forged, expired):
-        result = host.handle(c, now=now, received_at=now)
+        result = dispatcher.handle(c, now=now, received_at=now)
         assert result is not None and result.command_id == c.command_id
         assert result.executor == "node-executor"
         statuses.append(result.status)
@@ -145,25 +147,25 @@ def test_applied_duplicate_forged_expired_each_with_a_result() -> None:
 
 def test_malformed_commands_are_refused_by_their_owner_and_foreign_ones_skipped() -> None:
     registry = CollectorRegistry()
-    sim, _ = _host()
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, registry)
-    del host.executors[Scope.WARMER]  # a host that runs no warmer
+    sim, _ = _dispatcher()
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, registry)
+    del dispatcher.executors[Scope.WARMER]  # a dispatcher that runs no warmer
     now = sim.fleet.now
-    garbage = host.handle_raw(ROUTE_COMMANDS, b"{not json", now=now, received_at=now)
+    garbage = dispatcher.handle_raw(ROUTE_COMMANDS, b"{not json", now=now, received_at=now)
     assert garbage is not None and garbage.status is ResultStatus.MALFORMED
     assert garbage.executor == "router-executor" and "bad_json" in garbage.detail
     # a node command whose target reads but whose body does not: the node executor refuses it
     drain = _command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN)
     doc = json.loads(encode(drain))
     doc["issued_at"] = "9999-12-31T23:59:59-01:00"
-    bad = host.handle_raw(ROUTE_COMMANDS, json.dumps(doc).encode(), now=now, received_at=now)
+    bad = dispatcher.handle_raw(ROUTE_COMMANDS, json.dumps(doc).encode(), now=now, received_at=now)
     assert bad is not None and bad.status is ResultStatus.MALFORMED
     assert (bad.executor, bad.command_id) == ("node-executor", drain.command_id)
     warm = _command(
         WarmCommand, target=Target(pool="us-east-h100"), action=WarmAction.WARM, model="gemma-27b"
     )
-    assert host.handle_raw(WARM_COMMANDS, encode(warm), now=now, received_at=now) is None
-    assert host.handle_raw(WARM_COMMANDS, b"[]", now=now, received_at=now) is None  # not ours
+    assert dispatcher.handle_raw(WARM_COMMANDS, encode(warm), now=now, received_at=now) is None
+    assert dispatcher.handle_raw(WARM_COMMANDS, b"[]", now=now, received_at=now) is None  # not ours
     assert (
         registry.get_sample_value(
             "fleetloop_executor_malformed_total", {"topic": ROUTE_COMMANDS.name}
@@ -174,7 +176,7 @@ def test_malformed_commands_are_refused_by_their_owner_and_foreign_ones_skipped(
 
 
 def test_no_free_device_is_transient_and_a_retry_can_apply() -> None:
-    sim, host = _host()
+    sim, dispatcher = _dispatcher()
     now = sim.fleet.now
     warm = _command(
         WarmCommand,
@@ -183,20 +185,20 @@ def test_no_free_device_is_transient_and_a_retry_can_apply() -> None:
         model="qwen-7b",
         replicas=20,
     )
-    first = host.handle(warm, now=now, received_at=now)
+    first = dispatcher.handle(warm, now=now, received_at=now)
     assert first is not None and first.status is ResultStatus.APPLIED
     assert "short: no free device" in first.detail
     again = _command(
         WarmCommand, target=Target(pool="us-east-mtia"), action=WarmAction.WARM, model="qwen-7b"
     )
-    full = host.handle(again, now=now, received_at=now)
+    full = dispatcher.handle(again, now=now, received_at=now)
     assert full is not None and full.status is ResultStatus.FAILED_TRANSIENT
     assert full.retry_after_s == 30.0
-    assert again.command_id not in host.executors[Scope.WARMER].gate.seen  # may be retried
+    assert again.command_id not in dispatcher.executors[Scope.WARMER].gate.seen  # may be retried
 
 
 def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_forged() -> None:
-    sim, host = _host()
+    sim, dispatcher = _dispatcher()
     now = sim.fleet.now
     bad = [
         _command(RouteCommand, target=Target(pool="mars-h100"), action=RouteAction.DRAIN),
@@ -231,23 +233,25 @@ def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_for
         ),
     ]
     for c in bad:
-        result = host.handle(c, now=now, received_at=now)
+        result = dispatcher.handle(c, now=now, received_at=now)
         assert result is not None and result.status is ResultStatus.FAILED_PERMANENT, c
     details = [
-        host.handle(c.model_copy(update={"command_id": uuid.uuid4()}), now=now, received_at=now)
+        dispatcher.handle(
+            c.model_copy(update={"command_id": uuid.uuid4()}), now=now, received_at=now
+        )
         for c in bad[:1]
     ]
     assert details[0] is not None and details[0].status is ResultStatus.BAD_SIGNATURE
 
 
 def test_the_router_moves_batch_work_off_a_rack_and_back() -> None:
-    sim, host = _host()
+    sim, dispatcher = _dispatcher()
     now = sim.fleet.now
     away = _command(
         ThrottleCommand, target=Target(pool="us-east-h100", rack_id="rack-0000"),
         action=ThrottleAction.MOVE_BATCH, batch_move_ratio=1.0, to_pool="us-east-a100",
     )  # fmt: skip
-    result = host.handle(away, now=now, received_at=now)
+    result = dispatcher.handle(away, now=now, received_at=now)
     assert result is not None and result.status is ResultStatus.APPLIED
     assert "us-east-a100" in result.detail
     control = SimControl(sim.fleet)
@@ -258,6 +262,6 @@ def test_the_router_moves_batch_work_off_a_rack_and_back() -> None:
         ThrottleCommand, target=Target(pool="us-east-h100", rack_id="rack-0000"),
         action=ThrottleAction.MOVE_BATCH, batch_move_ratio=0.0,
     )  # fmt: skip
-    result = host.handle(back, now=now, received_at=now)
+    result = dispatcher.handle(back, now=now, received_at=now)
     assert result is not None and result.status is ResultStatus.APPLIED
     assert control.table()["batch_moves"] == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -97,14 +98,40 @@ def test_stream_scorer_scores_before_learning_and_finds_a_level_shift() -> None:
     rng = random.Random(3)
     values = [10.0 + rng.gauss(0, 0.5) + (4.0 if i >= 2500 else 0.0) for i in range(3000)]
     scorer, again = StreamScorer(), StreamScorer()
-    scores = [scorer.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
-    assert scores == [again.score_one(v, at) for v, at in zip(values, _times(3000), strict=True)]
+    scores = _score_then_learn(scorer, values, _times(3000))
+    assert scores == _score_then_learn(again, values, _times(3000))
     assert scores[0] == 0.0 and all(0.0 <= s <= 1.0 for s in scores)
     assert max(scores[2500:2510]) > max(scores[1000:2490])  # the shift ranks above the noise
     assert min(scores[2510:2600]) < 0.5  # and is one detection: the refractory damps the rest
     assert scorer.score_one(math.nan) == 0.0 and scorer.score_one(math.inf) == 0.0
     baseline = WindowedGaussian()
-    assert max(baseline.score_one(v) for v in values) > 0.99
+    assert max(_score_then_learn(baseline, values, _times(3000))) > 0.99
+
+
+def _score_then_learn(
+    scorer: StreamScorer | WindowedGaussian, values: list[float], times: list[datetime]
+) -> list[float]:
+    scores = []
+    for value, at in zip(values, times, strict=True):
+        scores.append(scorer.score_one(value, at))
+        scorer.learn_one(value, at)
+    return scores
+
+
+@pytest.mark.parametrize("detector", [StreamScorer, WindowedGaussian])
+def test_score_one_changes_nothing_and_learn_one_learns(
+    detector: type[StreamScorer] | type[WindowedGaussian],
+) -> None:
+    rng = random.Random(5)
+    scorer = detector()
+    for i, at in enumerate(_times(400)):
+        value = 3.0 + rng.gauss(0, 0.2) + (5.0 if i > 350 else 0.0)
+        before = copy.deepcopy(vars(scorer))
+        first = scorer.score_one(value, at)
+        assert scorer.score_one(value, at) == first  # scoring twice: the same answer
+        assert vars(scorer) == before  # and nothing learned
+        scorer.learn_one(value, at)
+        assert vars(scorer) != before or not math.isfinite(value)
 
 
 def _corpus(root: Path) -> None:

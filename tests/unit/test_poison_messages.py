@@ -2,7 +2,7 @@
 
 Every ingested topic's messages go through the ingest step (``streams.ingest.split``)
 and the sink's row conversion; every command topic's messages go through the
-executor host (``ExecutorHost.handle_raw``: decode, ownership, gate, actuator).
+executor host (``CommandDispatcher.handle_raw``: decode, ownership, gate, actuator).
 Each of at least 10,000 generated inputs per type must be accepted or refused
 with a reason; any other exception fails the test. What the ingest step accepts
 must also be storable: a sample of it goes through the real sink into the real
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario
 from agents.sim.simulation import Simulation
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from schemas.base import Contract
 from schemas.codec import DecodeErrorKind
 from schemas.commands import (
@@ -96,7 +96,7 @@ def test_every_ingested_message_is_accepted_or_dead_lettered(
 def test_every_command_message_gets_a_result_or_an_owner_elsewhere(spec: TopicSpec) -> None:
     sim = Simulation(Scenario(), start=START)
     sim.tick(0)
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    host = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     now = sim.fleet.now
     statuses: dict[str, int] = {}
     seeds = [c for c in _signed_commands(now) if isinstance(c, spec.value_type)]
@@ -146,8 +146,8 @@ def _signed_commands(now: datetime) -> list[Command]:
             ThrottleCommand,
             issued_at=now,
             target=pool,
-            action=ThrottleAction.OPPORTUNISTIC_BUDGET,
-            opportunistic_budget_ratio=0.2,
+            action=ThrottleAction.OPTIONAL_BUDGET,
+            optional_budget_ratio=0.2,
         ),
         signed_command(
             WarmCommand, issued_at=now, target=pool, action=WarmAction.WARM, model="gemma-27b"

@@ -19,7 +19,7 @@ from agents.sim.control import SimControl
 from agents.sim.hardware import ACCELERATORS
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
-from fleetloop.sim import build_host
+from fleetloop.sim import build_dispatcher
 from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
 from schemas.base import AcceleratorType
@@ -111,7 +111,7 @@ def test_every_cap_on_the_simulated_fleet_is_applied_by_its_device() -> None:
     sim = Simulation(scenario, start=START)
     types = {d.spec.kind for n in sim.fleet.nodes for d in n.devices}
     assert types == set(ACCELERATORS)
-    host = build_host(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    host = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=2.0, min_cap_ratio=0.05))
     statuses: dict[ResultStatus, int] = {}
     for n in range(300):

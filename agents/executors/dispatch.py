@@ -1,11 +1,12 @@
-"""Hosts executors: decode a consumed command, hand it to its owner, account for it.
+"""Dispatches commands to executors: decode a consumed command, hand it to its owner,
+account for it.
 
-One host runs any subset of the three executors (the simulator runs all three
-beside the fleet; a GPU host runs only its node executor). For each consumed
+One dispatcher runs any subset of the three executors (the simulator runs all
+three beside the fleet; a GPU host runs only its node executor). For each consumed
 message it returns the owner's :class:`~schemas.commands.CommandResult`, or
-None when the message is not for an executor it runs (another host answers it).
+None when the message is not for an executor it runs (another dispatcher answers it).
 
-No message stops a host: one that does not decode is refused with a ``malformed``
+No message stops a dispatcher: one that does not decode is refused with a ``malformed``
 result by the executor it would belong to (read from whatever parts of it do
 decode, :func:`~agents.executors.executors.scope_of_malformed`), and the stream
 worker dead-letters it with its coordinates; whatever else fails while handling
@@ -59,26 +60,26 @@ class ExecutorMetrics:
         )
         self.not_mine = Counter(
             "fleetloop_executor_skipped_total",
-            "Commands owned by an executor this host does not run",
+            "Commands owned by an executor this dispatcher does not run",
             ["scope"],
             registry=registry,
         )
 
 
 @dataclass(frozen=True, slots=True)
-class HostedExecutor:
+class GatedExecutor:
     name: str  # appears in results, e.g. "node-executor"
     actuator: Actuator[Any]
     gate: CommandGate
     accepts: Callable[[Target], bool] | None = None  # e.g. only this host's node and devices
 
 
-class ExecutorHost:
+class CommandDispatcher:
     """Dispatch by :func:`~agents.executors.executors.scope_of`; one result per owned command."""
 
     def __init__(
         self,
-        executors: Mapping[Scope, HostedExecutor],
+        executors: Mapping[Scope, GatedExecutor],
         *,
         registry: CollectorRegistry | None = None,
         new_id: Callable[[], UUID] = uuid.uuid4,
@@ -111,20 +112,20 @@ class ExecutorHost:
     ) -> CommandResult | None:
         doc, target = _readable_parts(raw)
         scope = scope_of_malformed(spec.value_type, doc, target)
-        hosted = self.executors.get(scope)
-        if hosted is None or (
-            hosted.accepts is not None and (target is None or not hosted.accepts(target))
+        owner = self.executors.get(scope)
+        if owner is None or (
+            owner.accepts is not None and (target is None or not owner.accepts(target))
         ):
             self.metrics.not_mine.labels(scope.value).inc()
             return None
         self.metrics.commands.labels(
-            hosted.name, spec.value_type.__name__, ResultStatus.MALFORMED.value
+            owner.name, spec.value_type.__name__, ResultStatus.MALFORMED.value
         ).inc()
         return CommandResult(
             result_id=self.new_id(),
             command_id=_claimed_id(doc, raw),
             command_type=spec.value_type.__name__,
-            executor=hosted.name,
+            executor=owner.name,
             status=ResultStatus.MALFORMED,
             detail=f"not applied: {error}"[:1024],
             received_at=received_at,
@@ -135,31 +136,31 @@ class ExecutorHost:
         self, command: Command, *, now: datetime, received_at: datetime
     ) -> CommandResult | None:
         scope = scope_of(command)
-        hosted = self.executors.get(scope)
-        if hosted is None or (hosted.accepts is not None and not hosted.accepts(command.target)):
+        owner = self.executors.get(scope)
+        if owner is None or (owner.accepts is not None and not owner.accepts(command.target)):
             self.metrics.not_mine.labels(scope.value).inc()
             return None
         result = execute(
             command,
-            gate=hosted.gate,
-            actuator=hosted.actuator,
-            executor=hosted.name,
+            gate=owner.gate,
+            actuator=owner.actuator,
+            executor=owner.name,
             received_at=received_at,
             now=now,
             new_id=self.new_id,
         )
-        self.metrics.commands.labels(hosted.name, result.command_type, result.status.value).inc()
+        self.metrics.commands.labels(owner.name, result.command_type, result.status.value).inc()
         latency_s = (result.completed_at - command.issued_at).total_seconds()
-        self.metrics.latency.labels(hosted.name).observe(max(0.0, latency_s))
+        self.metrics.latency.labels(owner.name).observe(max(0.0, latency_s))
         log.info(
             "%s %s %s -> %s: %s",
-            hosted.name,
+            owner.name,
             result.command_type,
             command.command_id,
             result.status.value,
             result.detail,
         )
-        hosted.gate.seen.prune(now)
+        owner.gate.seen.prune(now)
         return result
 
 

@@ -2,12 +2,12 @@
 
 The node executor on the same host acts through :class:`NvmlNodeControl` and
 answers only the commands addressed to this node or one of its devices
-(:meth:`GpuHost.addressed_to_me`); every other host answers its own.
+(:meth:`GpuNode.addressed_to_me`); every other host answers its own.
 
 Example::
 
-    host = GpuHost(identity, NvmlGpuReader(identity), interval_s=1.0)
-    records = host.tick(0)   # accelerator samples + one NodeHealth
+    node = GpuNode(identity, NvmlGpuReader(identity), interval_s=1.0)
+    records = node.tick(0)   # accelerator samples + one NodeHealth
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from schemas.topics import ACCELERATOR, NODE_HEALTH
 AGENT_VERSION = "fleetloop-node/0.2.0"
 
 
-class GpuHost:
+class GpuNode:
     """Telemetry of one host from its reader; implements the loop's source interface."""
 
     def __init__(
