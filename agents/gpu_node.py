@@ -56,8 +56,8 @@ class GpuNode:
     def interval_s(self) -> float:
         return self._interval_s
 
-    def tick(self, n: int) -> Records:
-        del n
+    def tick(self, tick: int) -> Records:
+        del tick  # the wall clock, not the tick count, stamps a real node's readings
         now = self.clock()
         samples = self.reader.read(now)
         self.devices |= {s.device_uuid for s in samples}
@@ -72,7 +72,7 @@ class GpuNode:
         )
         return [*((ACCELERATOR, s) for s in samples), (NODE_HEALTH, beat)]
 
-    def addressed_to_me(self, t: Target) -> bool:
-        if t.node_id is not None:
-            return t.node_id == self.identity.node_id
-        return t.device_uuid is not None and t.device_uuid in self.devices
+    def addressed_to_me(self, target: Target) -> bool:
+        if target.node_id is not None:
+            return target.node_id == self.identity.node_id
+        return target.device_uuid is not None and target.device_uuid in self.devices

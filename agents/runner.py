@@ -22,7 +22,7 @@ Records = Sequence[tuple[TopicSpec, Contract]]
 
 
 class TickSource(Protocol):
-    def tick(self, n: int) -> Records: ...
+    def tick(self, tick: int) -> Records: ...
 
 
 async def publish_tick(publisher: KafkaPublisher, records: Records) -> int:

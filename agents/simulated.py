@@ -40,9 +40,9 @@ class SimulatedFleetAgent:
         )
         self.sim = Simulation(Scenario(fleet=fleet), start=start)
 
-    def tick(self, n: int) -> list[Record]:
-        """The events of the next step (``n`` is informational: steps run in order)."""
-        return self.sim.tick(n)
+    def tick(self, tick: int) -> list[Record]:
+        """The events of the next step (``tick`` is informational: steps run in order)."""
+        return self.sim.tick(tick)
 
     def first(self, count: int) -> list[Record]:
         """Exactly the first ``count`` events, step after step from the start."""

@@ -4,7 +4,7 @@ Three rates in one run, for the same fleet and number of steps:
 
 1. the simulator's step (routing, physics, faults) and its telemetry objects;
 2. the same plus JSON encoding of every event (what goes on the wire);
-3. the closed loop as `fleetloop sim` runs it: steps, an executor host polling
+3. the closed loop as `fleetloop sim` runs it: steps, a command dispatcher polling
    the command topics, and every event published with acks=all and flushed
    each step (the local broker, or ``KAFKA_BOOTSTRAP``).
 
@@ -63,7 +63,7 @@ async def _closed_loop(bootstrap: str, nodes: int, steps: int) -> tuple[float, i
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
     await ensure_topics(bootstrap, prefix=prefix)
     sim = _sim(nodes)
-    host = build_dispatcher(
+    dispatcher = build_dispatcher(
         SimControl(sim.fleet), {"bench": b"bench-key-0123456789"}, CollectorRegistry()
     )
     async with (
@@ -73,7 +73,7 @@ async def _closed_loop(bootstrap: str, nodes: int, steps: int) -> tuple[float, i
         started = time.perf_counter()
         stats = await run_closed_loop(
             sim,
-            host,
+            dispatcher,
             publisher,
             consumer,
             ticks=steps,

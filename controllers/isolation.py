@@ -117,22 +117,22 @@ class IsolationLadder:
         d = self.devices.get(device_uuid)
         return Rung.ACTIVE if d is None else d.rung
 
-    def verdict(self, v: Verdict, *, now: datetime) -> list[LadderDecision]:
+    def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:
         """A new verdict arrived; returns the steps it causes (maybe none)."""
-        self.guard.register(v.device_uuid, pool=v.pool, rack=v.rack_id)
-        self.guard.observe(v.observed_at)
-        d = self.devices.get(v.device_uuid)
+        self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
+        self.guard.observe(verdict.observed_at)
+        d = self.devices.get(verdict.device_uuid)
         if d is None:
-            d = self.devices[v.device_uuid] = _Device(v)
-        worse = v.status is not HealthStatus.HEALTHY
+            d = self.devices[verdict.device_uuid] = _Device(verdict)
+        worse = verdict.status is not HealthStatus.HEALTHY
         if worse:
             d.healthy_since = None
         elif d.healthy_since is None or d.verdict.status is not HealthStatus.HEALTHY:
-            d.healthy_since = v.observed_at
-        if v.status is not d.verdict.status or d.refused_for == GuardReason.STALE_TELEMETRY:
+            d.healthy_since = verdict.observed_at
+        if verdict.status is not d.verdict.status or d.refused_for == GuardReason.STALE_TELEMETRY:
             d.refused_at = None  # new or fresh evidence: a refused step may be asked again
-        d.verdict = v
-        return self._step(v.device_uuid, d, now)
+        d.verdict = verdict
+        return self._step(verdict.device_uuid, d, now)
 
     def tick(self, now: datetime) -> list[LadderDecision]:
         """Time passed: dwell times and probations may have run out."""
@@ -141,16 +141,16 @@ class IsolationLadder:
             out.extend(self._step(device_uuid, d, now))
         return out
 
-    def _step(self, device_uuid: str, d: _Device, now: datetime) -> list[LadderDecision]:
-        c, v = self.config, d.verdict
+    def _step(self, device_uuid: str, device: _Device, now: datetime) -> list[LadderDecision]:
+        c, v = self.config, device.verdict
         status = v.status
         if status is HealthStatus.HEALTHY:
-            if d.rung is Rung.ACTIVE or d.healthy_since is None:
+            if device.rung is Rung.ACTIVE or device.healthy_since is None:
                 return []
-            if (now - d.healthy_since).total_seconds() < c.probation_s:
+            if (now - device.healthy_since).total_seconds() < c.probation_s:
                 return []
             guard = self.guard.check(Proposal(device_uuid, isolate=False), now=now)
-            d.rung, d.rung_at = Rung.ACTIVE, now
+            device.rung, device.rung_at = Rung.ACTIVE, now
             return [
                 LadderDecision(
                     device_uuid,
@@ -163,24 +163,26 @@ class IsolationLadder:
                 )
             ]
         target = TARGET.get(status)
-        if target is None or d.rung >= target:
+        if target is None or device.rung >= target:
             return []  # suspect: hold; or already far enough up the ladder
         hard = status is HealthStatus.FAILED
-        dwelling = d.rung_at is not None and (now - d.rung_at).total_seconds() < c.step_dwell_s
-        if not hard and d.rung is not Rung.ACTIVE and dwelling:
+        dwelling = (
+            device.rung_at is not None and (now - device.rung_at).total_seconds() < c.step_dwell_s
+        )
+        if not hard and device.rung is not Rung.ACTIVE and dwelling:
             return []
-        if d.refused_at is not None and (now - d.refused_at).total_seconds() < c.retry_s:
+        if device.refused_at is not None and (now - device.refused_at).total_seconds() < c.retry_s:
             return []
-        rung = target if hard else Rung(d.rung + 1)
+        rung = target if hard else Rung(device.rung + 1)
         guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=hard), now=now)
         if not guard.allowed:
-            d.refused_at, d.refused_for = now, guard.reason.value
+            device.refused_at, device.refused_for = now, guard.reason.value
             return [
                 LadderDecision(
                     device_uuid, ACTION[rung], rung, False, guard.reason.value, guard.message, v
                 )
             ]
-        d.rung, d.rung_at, d.refused_at = rung, now, None
+        device.rung, device.rung_at, device.refused_at = rung, now, None
         reason = LadderReason.HARD_FAULT if hard else LadderReason.DEGRADING
         return [
             LadderDecision(

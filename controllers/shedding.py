@@ -109,8 +109,8 @@ class RetryBudget:
     burst: float = 10.0
     tokens: float = 10.0
 
-    def on_requests(self, n: float = 1.0) -> None:
-        self.tokens = min(self.burst, self.tokens + self.ratio * max(0.0, n))
+    def on_requests(self, requests: float = 1.0) -> None:
+        self.tokens = min(self.burst, self.tokens + self.ratio * max(0.0, requests))
 
     def grant(self, wanted: float = 1.0) -> float:
         """How many of ``wanted`` retries may go (all, some, or none)."""

@@ -127,7 +127,7 @@ class Production:
         return len(acted)
 
     def _telemetry(
-        self, t: int, at: datetime, sec: Second, limits: list[float], plant: PoolPlant
+        self, second: int, at: datetime, sec: Second, limits: list[float], plant: PoolPlant
     ) -> list[AcceleratorTelemetry | PduReading | ServingMetrics]:
         s, scn = plant.shape, self.scn
         events: list[AcceleratorTelemetry | PduReading | ServingMetrics] = []
@@ -146,9 +146,9 @@ class Production:
                 pod_id="pod-0", region="eval", phase=PduPhase.L1, power_watts=sec.rack_watts[r],
                 capacity_watts=limits[r], breaker_limit_watts=limits[r],
             ))  # fmt: skip
-        if scn.events_at(t, "stale") or scn.events_at(t, "nan"):
+        if scn.events_at(second, "stale") or scn.events_at(second, "nan"):
             return events
-        spike = scn.events_at(t, "spike")
+        spike = scn.events_at(second, "spike")
         tpot = sec.baseline_tpot_s * self.noise * (spike[0].factor if spike else 1.0)
         batch = plant.batch_in_use
         served = max(sec.x_served, 1e-9)
@@ -167,27 +167,27 @@ class Production:
             ))  # fmt: skip
         return events
 
-    def _apply(self, c: ThrottleCommand, plant: PoolPlant) -> None:
+    def _apply(self, command: ThrottleCommand, plant: PoolPlant) -> None:
         """What the executors do with a throttle command, on the plant."""
-        if c.action is ThrottleAction.OPTIONAL_BUDGET:
-            self.budget = c.optional_budget_ratio or 0.0
-        elif c.action is ThrottleAction.BATCH_SIZE and c.batch_size_max is not None:
-            plant.batch_target = c.batch_size_max
-        elif c.action is ThrottleAction.POWER_CAP and c.power_limit_watts is not None:
-            plant.caps[_device(c)] = c.power_limit_watts
-        elif c.action is ThrottleAction.CLOCK_MODE:
-            plant.low_clock[_device(c)] = c.clock_mode is ClockMode.LOW
-        elif c.action is ThrottleAction.MOVE_BATCH and c.target.rack_id is not None:
+        if command.action is ThrottleAction.OPTIONAL_BUDGET:
+            self.budget = command.optional_budget_ratio or 0.0
+        elif command.action is ThrottleAction.BATCH_SIZE and command.batch_size_max is not None:
+            plant.batch_target = command.batch_size_max
+        elif command.action is ThrottleAction.POWER_CAP and command.power_limit_watts is not None:
+            plant.caps[_device(command)] = command.power_limit_watts
+        elif command.action is ThrottleAction.CLOCK_MODE:
+            plant.low_clock[_device(command)] = command.clock_mode is ClockMode.LOW
+        elif command.action is ThrottleAction.MOVE_BATCH and command.target.rack_id is not None:
             # the plant does not place work on racks: a move to the pool's other racks
             # leaves its load as it was; only a move to another pool takes it away
-            if c.batch_move_ratio and c.to_pool != c.target.pool:
-                self.moved_racks.add(c.target.rack_id)
+            if command.batch_move_ratio and command.to_pool != command.target.pool:
+                self.moved_racks.add(command.target.rack_id)
             else:
-                self.moved_racks.discard(c.target.rack_id)
+                self.moved_racks.discard(command.target.rack_id)
 
 
-def _device(c: ThrottleCommand) -> int:
-    return int((c.target.device_uuid or "gpu-0").removeprefix("gpu-"))
+def _device(command: ThrottleCommand) -> int:
+    return int((command.target.device_uuid or "gpu-0").removeprefix("gpu-"))
 
 
 class Static:
@@ -403,7 +403,7 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
     return out
 
 
-def format_control(r: dict[str, Any]) -> str:
+def format_control(result: dict[str, Any]) -> str:
     rows = [
         ("baseline periods within SLO", "slo_attainment", "{:.4%}"),
         ("optional work vs oracle", "harvest_vs_oracle", "{:.1%}"),
@@ -417,11 +417,19 @@ def format_control(r: dict[str, Any]) -> str:
         ("periods to react, load step down", "reaction_periods_after_step_down", "{:g}"),
         ("periods to settle, load step down", "settling_periods_after_step_down", "{:g}"),
     ]
-    lines = [f"control on {r['scenario']} ({r['duration_s']:g} s, period {r['period_s']:g} s)", ""]
+    lines = [
+        f"control on {result['scenario']} ({result['duration_s']:g} s, "
+        f"period {result['period_s']:g} s)",
+        "",
+    ]
     lines.append(f"{'':<38}{'ours':>12}{'static':>12}{'HPA-style':>12}")
     for label, key, fmt in rows:
         cells = [
-            "-" if key + s not in r else "never" if r[key + s] is None else fmt.format(r[key + s])
+            "-"
+            if key + s not in result
+            else "never"
+            if result[key + s] is None
+            else fmt.format(result[key + s])
             for s in ("", "_static", "_hpa")
         ]
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))

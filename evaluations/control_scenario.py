@@ -94,8 +94,8 @@ class ControlEvent(_Closed):
     factor: float = Field(3.0, gt=0)  # spike: the reading over the truth
     ratio: float = Field(1.3, ge=1)  # slowdown: time per token over normal
 
-    def active(self, t: float) -> bool:
-        return self.at_s <= t < self.at_s + max(self.duration_s, 1.0)
+    def active(self, at_s: float) -> bool:
+        return self.at_s <= at_s < self.at_s + max(self.duration_s, 1.0)
 
 
 class ControlScenario(_Closed):
@@ -121,30 +121,30 @@ class ControlScenario(_Closed):
             raise ValueError("a breaker event names a rack the pool does not have")
         return self
 
-    def segment_at(self, t: float) -> Segment:
-        return [s for s in self.baseline if s.at_s <= t][-1]
+    def segment_at(self, at_s: float) -> Segment:
+        return [s for s in self.baseline if s.at_s <= at_s][-1]
 
-    def baseline_at(self, t: float) -> float:
-        s = self.segment_at(t)
+    def baseline_at(self, at_s: float) -> float:
+        s = self.segment_at(at_s)
         if s.kind == "ramp":
             assert s.to is not None and s.until_s is not None
-            done = min(1.0, (t - s.at_s) / (s.until_s - s.at_s))
+            done = min(1.0, (at_s - s.at_s) / (s.until_s - s.at_s))
             return s.level + (s.to - s.level) * done
         if s.kind == "oscillate":
-            phase = 2 * math.pi * (t - s.at_s) / s.period_s
+            phase = 2 * math.pi * (at_s - s.at_s) / s.period_s
             return s.level * (1 + s.amplitude_ratio * math.sin(phase))
         return s.level
 
-    def limits_at(self, t: float) -> list[float]:
+    def limits_at(self, at_s: float) -> list[float]:
         p = self.pool
         limits = [p.breaker_ratio * p.nameplate_watts] * p.racks
         for e in self.events:
-            if e.kind == "breaker" and e.active(t):
+            if e.kind == "breaker" and e.active(at_s):
                 limits[e.rack] = min(limits[e.rack], e.limit_ratio * p.nameplate_watts)
         return limits
 
-    def events_at(self, t: float, kind: str) -> list[ControlEvent]:
-        return [e for e in self.events if e.kind == kind and e.active(t)]
+    def events_at(self, at_s: float, kind: str) -> list[ControlEvent]:
+        return [e for e in self.events if e.kind == kind and e.active(at_s)]
 
 
 def load_control_scenario(path: Path) -> ControlScenario:

@@ -110,11 +110,11 @@ class FaultScore:
         }
 
 
-def _q(values: list[float], q: float) -> float | None:
+def _q(values: list[float], quantile: float) -> float | None:
     """Nearest-rank quantile of sorted ``values``; None when empty."""
     if not values:
         return None
-    rank = max(0, math.ceil(q * len(values)) - 1)
+    rank = max(0, math.ceil(quantile * len(values)) - 1)
     return round(values[rank], 3)
 
 

@@ -72,18 +72,18 @@ class Replicas:
         ready = sum(1 for r in self.ready_at if r <= now)
         return ready, len(self.ready_at) - ready
 
-    def warm(self, n: int, now: int) -> None:
-        for _ in range(n):
+    def warm(self, replicas: int, now: int) -> None:
+        for _ in range(replicas):
             self.ready_at.append(now + self.load_steps)
             self.last_used.append(now)
 
-    def cool(self, n: int, now: int) -> None:
-        """Let ``n`` go: loading ones first, then the longest idle."""
+    def cool(self, replicas: int, now: int) -> None:
+        """Let ``replicas`` go: loading ones first, then the longest idle."""
         order = sorted(
             range(len(self.ready_at)),
             key=lambda i: (self.ready_at[i] <= now, self.last_used[i]),
         )
-        drop = set(order[:n])
+        drop = set(order[:replicas])
         self.ready_at = [r for i, r in enumerate(self.ready_at) if i not in drop]
         self.last_used = [u for i, u in enumerate(self.last_used) if i not in drop]
 
@@ -125,18 +125,18 @@ class PolicyResult:
 
 
 def _serve_step(
-    r: Replicas, res: PolicyResult, t: int, demand: float, capacity: float, step_s: float
+    replicas: Replicas, res: PolicyResult, step: int, demand: float, capacity: float, step_s: float
 ) -> None:
-    ready, loading = r.counts(t)
+    ready, loading = replicas.counts(step)
     res.requests += demand
     cold = max(0.0, demand - ready * capacity)
     if cold > 0:
-        pending = [x for x in r.ready_at if x > t]
-        wait_steps = (min(pending) - t) if pending else r.load_steps
+        pending = [x for x in replicas.ready_at if x > step]
+        wait_steps = (min(pending) - step) if pending else replicas.load_steps
         res.cold += cold
         res.added_latency.append((wait_steps * step_s, cold))
     busy = min(ready, replicas_for(demand, capacity))
-    r.serve(t, busy)
+    replicas.serve(step, busy)
     res.replica_steps += ready + loading
     res.busy_steps += busy
 
@@ -237,19 +237,21 @@ def replay(
     return score, results
 
 
-def _demand(n: int, at: datetime, model: str, region: str, requests: int, step_s: float) -> Demand:
+def _demand(
+    number: int, at: datetime, model: str, region: str, requests: int, step_s: float
+) -> Demand:
     return Demand(
-        event_id=uuid.UUID(int=n), observed_at=at, model=model, region=region,
+        event_id=uuid.UUID(int=number), observed_at=at, model=model, region=region,
         interval_s=step_s, requests=requests, prompt_tokens=0, generated_tokens=0,
     )  # fmt: skip
 
 
-def _apply(r: Replicas, res: PolicyResult, delta: int, t: int) -> None:
+def _apply(replicas: Replicas, res: PolicyResult, delta: int, step: int) -> None:
     if delta > 0:
-        r.warm(delta, t)
+        replicas.warm(delta, step)
         res.actions += 1
     elif delta < 0:
-        r.cool(-delta, t)
+        replicas.cool(-delta, step)
         res.actions += 1
 
 

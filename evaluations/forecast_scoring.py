@@ -52,22 +52,22 @@ class ForecastScore:
         default_factory=lambda: defaultdict(HorizonErrors)
     )
 
-    def add(self, model: str, h: int, forecast: float, actual: float) -> None:
-        self.errors[(model, h)].add(forecast, actual)
+    def add(self, model: str, horizon: int, forecast: float, actual: float) -> None:
+        self.errors[(model, horizon)].add(forecast, actual)
 
     def merge(self, other: ForecastScore) -> None:
         """Add ``other``'s errors (another series) to these."""
         for key, e in other.errors.items():
             self.errors[key].merge(e)
 
-    def mase(self, model: str, h: int) -> float:
+    def mase(self, model: str, horizon: int) -> float:
         naive = [
-            self.errors[(b, h)].mae
+            self.errors[(b, horizon)].mae
             for b in ("persistence", "seasonal_naive")
-            if (b, h) in self.errors and self.errors[(b, h)].n
+            if (b, horizon) in self.errors and self.errors[(b, horizon)].n
         ]
         best = min(naive) if naive else math.nan
-        return self.errors[(model, h)].mae / best if best and best > 0 else math.nan
+        return self.errors[(model, horizon)].mae / best if best and best > 0 else math.nan
 
     def table(self, horizons: tuple[int, ...]) -> dict[str, dict[str, float]]:
         """Per model and horizon: MAE, sMAPE and MASE (rounded)."""

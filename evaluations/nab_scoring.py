@@ -53,8 +53,8 @@ def scaled_sigmoid(position: float) -> float:
     return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
 
 
-def probation_rows(n: int) -> float:
-    return min(math.floor(PROBATION_RATIO * n), PROBATION_RATIO * 5000)
+def probation_rows(rows: int) -> float:
+    return min(math.floor(PROBATION_RATIO * rows), PROBATION_RATIO * 5000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +115,18 @@ def sweep(
     )
 
 
-def file_score(f: SweptFile, threshold: float, profile: CostProfile) -> float:
+def file_score(swept: SweptFile, threshold: float, profile: CostProfile) -> float:
     """Raw score of one file at ``threshold``."""
     best: dict[int, float] = {}
     fp = 0.0
-    for score, value, w in zip(f.scores, f.worth, f.window, strict=True):
+    for score, value, w in zip(swept.scores, swept.worth, swept.window, strict=True):
         if score < threshold:
             continue
         if w < 0:
             fp += value
         else:
             best[w] = max(best.get(w, -math.inf), value)
-    missed = f.windows - len(best)
+    missed = swept.windows - len(best)
     return fp + sum(best.values()) - missed * profile.fn
 
 

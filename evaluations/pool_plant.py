@@ -167,33 +167,36 @@ class PoolPlant:
         return Second(tpot, baseline_wait, optional_served, optional, served[WorkClass.BATCH],
                       racks, delay, load_ratio, baseline_ratio, x)  # fmt: skip
 
-    def settle(self, x: float) -> None:
-        """Start as a pool that has been carrying load ``x`` (not one switched on cold)."""
-        self._power_and_tpot(x)
+    def settle(self, load: float) -> None:
+        """Start as a pool that has been carrying load ``load`` (not one switched on cold)."""
+        self._power_and_tpot(load)
 
-    def _device_clock(self, i: int, x: float) -> float:
-        """The clock device ``i``'s cap and mode allow at load ``x`` (the firmware's choice)."""
+    def _device_clock(self, index: int, load: float) -> float:
+        """The clock device ``index``'s cap and mode allow at ``load`` (the firmware's
+        choice)."""
         s = self.shape
         dyn = s.max_watts - s.idle_watts
-        ceiling = s.low_clock_ratio if self.low_clock[i] else 1.0
-        if x <= 0 or s.idle_watts + dyn * x * ceiling <= self.caps[i]:
+        ceiling = s.low_clock_ratio if self.low_clock[index] else 1.0
+        if load <= 0 or s.idle_watts + dyn * load * ceiling <= self.caps[index]:
             return ceiling
-        return min(ceiling, max(0.2, (self.caps[i] - s.idle_watts) / (dyn * x)))
+        return min(ceiling, max(0.2, (self.caps[index] - s.idle_watts) / (dyn * load)))
 
-    def _clock_for(self, x: float) -> float:
-        """The mean clock at load ``x``: what the router reads from its devices' limits."""
-        return sum(self._device_clock(i, x) for i in range(self.shape.devices)) / self.shape.devices
+    def _clock_for(self, load: float) -> float:
+        """The mean clock at load ``load``: what the router reads from its devices' limits."""
+        return (
+            sum(self._device_clock(i, load) for i in range(self.shape.devices)) / self.shape.devices
+        )
 
-    def _power_and_tpot(self, x: float) -> float:
+    def _power_and_tpot(self, load: float) -> float:
         """Each device carries an equal share; its clock is what its cap and mode allow."""
         s = self.shape
         dyn = s.max_watts - s.idle_watts
-        self.x_last = x
+        self.x_last = load
         for i in range(s.devices):
-            self.clocks[i] = self._device_clock(i, x)
-            self.device_watts[i] = s.idle_watts + dyn * max(0.0, x) * self.clocks[i]
+            self.clocks[i] = self._device_clock(i, load)
+            self.device_watts[i] = s.idle_watts + dyn * max(0.0, load) * self.clocks[i]
         clock = sum(self.clocks) / len(self.clocks)
-        x_eff = min(0.999, x * self.slowdown / clock)
+        x_eff = min(0.999, load * self.slowdown / clock)
         return s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio) / (1.0 - x_eff)
 
     def oracle_optional(self, *, baseline: float, batch: float, limits_watts: list[float]) -> float:

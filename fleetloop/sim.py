@@ -89,11 +89,11 @@ def run_sim(settings: SimSettings) -> int:
         f"http://{settings.web_bind}:{settings.web_port}/routes"
     )
 
-    def report(n: int, stats: LoopStats) -> None:
-        if n % max(1, round(10 * settings.speed)) == 0:
+    def report(tick: int, stats: LoopStats) -> None:
+        if tick % max(1, round(10 * settings.speed)) == 0:
             log.info(
                 "step %d (t=%.0fs): %d events, %d results, %d acknowledged",
-                n,
+                tick,
                 f.t_s,
                 stats.events,
                 stats.results,

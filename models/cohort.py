@@ -57,9 +57,9 @@ class Cohort:
         self._members: Counter[Hashable] = Counter()
         self.samples = 0
 
-    def learn(self, x: float, member: Hashable) -> None:
-        self._median.update(x)
-        self._iqr.update(x)
+    def learn(self, value: float, member: Hashable) -> None:
+        self._median.update(value)
+        self._iqr.update(value)
         if len(self._order) == self._order.maxlen:
             old = self._order[0]
             self._members[old] -= 1
@@ -99,9 +99,9 @@ class Cohorts:
     def __len__(self) -> int:
         return len(self._cohorts)
 
-    def score(self, key: Hashable, x: float, member: Hashable = None) -> PeerScore | None:
-        """How far ``member``'s ``x`` sits from its peers; ``None`` while there are too few."""
-        if not math.isfinite(x):
+    def score(self, key: Hashable, value: float, member: Hashable = None) -> PeerScore | None:
+        """How far ``member``'s ``value`` sits from its peers; ``None`` while there are too few."""
+        if not math.isfinite(value):
             return None
         cohort = self._cohorts.get(key)
         if cohort is None or cohort.samples < self.min_samples:
@@ -110,12 +110,12 @@ class Cohorts:
         if peers < self.min_peers:
             return None
         sigma = max(cohort.sigma, self.sigma_floor)
-        return PeerScore(x - cohort.median, sigma, cohort.samples, peers)
+        return PeerScore(value - cohort.median, sigma, cohort.samples, peers)
 
-    def learn(self, key: Hashable, x: float, member: Hashable = None) -> None:
-        if not math.isfinite(x):
+    def learn(self, key: Hashable, value: float, member: Hashable = None) -> None:
+        if not math.isfinite(value):
             return
         cohort = self._cohorts.get(key)
         if cohort is None:
             cohort = self._cohorts[key] = Cohort(self.window)
-        cohort.learn(x, member)
+        cohort.learn(value, member)

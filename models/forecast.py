@@ -102,23 +102,25 @@ class DemandForecaster:
 
     # -- learning -----------------------------------------------------------------------
 
-    def learn_one(self, y: float) -> None:
+    def learn_one(self, demand: float) -> None:
         """The value of the next step arrived: score what was forecast for it, then learn."""
-        if not math.isfinite(y) or y < 0:
-            raise ValueError(f"a demand is a finite non-negative number, not {y!r}")
+        if not math.isfinite(demand) or demand < 0:
+            raise ValueError(f"a demand is a finite non-negative number, not {demand!r}")
         step = self.n
         for model, h, value in self.pending.pop(step, []):
-            self._score(model, h, value, y)
-        self.history.append(y)
+            self._score(model, h, value, demand)
+        self.history.append(demand)
         if self.season > 1:
             phase = self.n % self.season
             if len(self.phase_mean) < self.season:
-                self.phase_mean.append(y)
+                self.phase_mean.append(demand)
             else:
-                self.phase_mean[phase] += self.season_alpha * (y - self.phase_mean[phase])
+                self.phase_mean[phase] += self.season_alpha * (demand - self.phase_mean[phase])
         for i, a in enumerate(self.level_alphas):
-            self.levels[i] = y if self.n == 0 else self.levels[i] + a * (y - self.levels[i])
-        self._hw_trend.learn_one(y)
+            self.levels[i] = (
+                demand if self.n == 0 else self.levels[i] + a * (demand - self.levels[i])
+            )
+        self._hw_trend.learn_one(demand)
         if self._hw_season is None and self.season > 1 and self.n + 1 >= 2 * self.season:
             # a whole season seen twice: start the seasonal model on it (river's needs one)
             self._hw_season = _holt_winters(
@@ -130,17 +132,19 @@ class DemandForecaster:
             for past in list(self.history)[-self.season - 1 :]:
                 self._hw_season.learn_one(past)
         elif self._hw_season is not None:
-            self._hw_season.learn_one(y)
+            self._hw_season.learn_one(demand)
         self.n += 1
         for model, values in self._candidates().items():
             for h, value in values.items():
                 self.pending.setdefault(self.n - 1 + h, []).append((model, h, value))
 
-    def _score(self, model: str, h: int, forecast: float, actual: float) -> None:
+    def _score(self, model: str, horizon: int, forecast: float, actual: float) -> None:
         err = abs(actual - forecast)
-        old = self.errors[(model, h)]
-        self.errors[(model, h)] = err if math.isnan(old) else old + self.error_alpha * (err - old)
-        lo, hi = self.residuals[(model, h)]
+        old = self.errors[(model, horizon)]
+        self.errors[(model, horizon)] = (
+            err if math.isnan(old) else old + self.error_alpha * (err - old)
+        )
+        lo, hi = self.residuals[(model, horizon)]
         lo.update(actual - forecast)
         hi.update(actual - forecast)
 
@@ -172,10 +176,12 @@ class DemandForecaster:
             out["holt_winters"] = {h: max(0.0, float(ahead[h - 1])) for h in self.horizons}
         return out
 
-    def best(self, h: int) -> str:
-        """The candidate with the lowest recent error at horizon ``h`` (persistence until
+    def best(self, horizon: int) -> str:
+        """The candidate with the lowest recent error at horizon ``horizon`` (persistence until
         any has been scored)."""
-        scored = [(e, m) for (m, hh), e in self.errors.items() if hh == h and not math.isnan(e)]
+        scored = [
+            (e, m) for (m, hh), e in self.errors.items() if hh == horizon and not math.isnan(e)
+        ]
         return min(scored)[1] if scored else "persistence"
 
     def forecast(self) -> dict[int, Band]:

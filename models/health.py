@@ -131,51 +131,56 @@ class HealthDetector:
 
     def accelerator(
         self,
-        s: AcceleratorTelemetry,
+        sample: AcceleratorTelemetry,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
         source: Hashable = None,
     ) -> list[Verdict]:
-        c, t = self.config, s.observed_at.timestamp()
+        c, t = self.config, sample.observed_at.timestamp()
         self._advance(source, t)
-        d = self.devices.get(s.device_uuid)
+        d = self.devices.get(sample.device_uuid)
         if d is None:
-            d = self.devices[s.device_uuid] = DeviceState(
-                s.node_id, s.region, s.rack_id, s.accelerator_type
+            d = self.devices[sample.device_uuid] = DeviceState(
+                sample.node_id, sample.region, sample.rack_id, sample.accelerator_type
             )
-            self.node_devices.setdefault(s.node_id, []).append(s.device_uuid)
+            self.node_devices.setdefault(sample.node_id, []).append(sample.device_uuid)
         dt, d.seen_s, d.source = t - d.seen_s, t, source
-        if s.sm_clock_mhz is not None and s.sm_clock_mhz > 0:
-            d.clock_max_mhz = max(d.clock_max_mhz, s.sm_clock_mhz)
-            d.clock_ratio = s.sm_clock_mhz / d.clock_max_mhz
-        d.capped = bool((s.clock_throttle_reasons or 0) & POWER_HELD)
-        d.dbe = s.ecc_dbe_volatile_total or 0
-        if s.xid_last:
-            if s.xid_last in FATAL_XIDS:
-                d.fatal_xid, d.fatal_at_s = s.xid_last, t
+        if sample.sm_clock_mhz is not None and sample.sm_clock_mhz > 0:
+            d.clock_max_mhz = max(d.clock_max_mhz, sample.sm_clock_mhz)
+            d.clock_ratio = sample.sm_clock_mhz / d.clock_max_mhz
+        d.capped = bool((sample.clock_throttle_reasons or 0) & POWER_HELD)
+        d.dbe = sample.ecc_dbe_volatile_total or 0
+        if sample.xid_last:
+            if sample.xid_last in FATAL_XIDS:
+                d.fatal_xid, d.fatal_at_s = sample.xid_last, t
             else:
                 d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s][-7:]
                 d.xid_times.append(t)
-        if s.ecc_sbe_volatile_total is not None:
-            self._ecc(d, s.ecc_sbe_volatile_total, t)
-        self._thermal(d, s, dt)
-        return self._judge(s.device_uuid, d, t, s.event_id, appended_at)
+        if sample.ecc_sbe_volatile_total is not None:
+            self._ecc(d, sample.ecc_sbe_volatile_total, t)
+        self._thermal(d, sample, dt)
+        return self._judge(sample.device_uuid, d, t, sample.event_id, appended_at)
 
     def serving(
         self,
-        m: ServingMetrics,
+        metrics: ServingMetrics,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
         source: Hashable = None,
     ) -> list[Verdict]:
         del received_s, source  # latency is judged against peers, not against time
-        device = m.device_uuid or ""
+        device = metrics.device_uuid or ""
         d = self.devices.get(device)
-        if d is None or m.tpot_p50_s is None or m.tpot_p50_s <= 0 or m.requests == 0:
+        if (
+            d is None
+            or metrics.tpot_p50_s is None
+            or metrics.tpot_p50_s <= 0
+            or metrics.requests == 0
+        ):
             return []
-        c, t = self.config, m.observed_at.timestamp()
+        c, t = self.config, metrics.observed_at.timestamp()
         if t - d.tpot_seen_s > c.tpot_stale_s:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
@@ -183,10 +188,10 @@ class HealthDetector:
         # the load band is the batch the replica ran: TPOT normalised for batch size, from the
         # same sample (a smoothed request rate lags a shift of traffic and fakes slowness)
         if d.capped:  # slower by our own hand (a power cap): neither judged nor learned from
-            return self._judge(device, d, t, m.event_id, appended_at)
-        band = round(math.log(max(m.batch_size, 1)) / LOAD_BAND_BASE)
-        key = (m.model, d.kind, band)
-        x = math.log(m.tpot_p50_s * d.clock_ratio)
+            return self._judge(device, d, t, metrics.event_id, appended_at)
+        band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
+        key = (metrics.model, d.kind, band)
+        x = math.log(metrics.tpot_p50_s * d.clock_ratio)
         peer = self.tpot_peers.score(key, x, device)  # score first, then learn
         over = False
         if peer is not None:
@@ -204,27 +209,27 @@ class HealthDetector:
                 d.tpot_history = min(max(d.tpot_history, -limit), limit)
         if not over:
             self.tpot_peers.learn(key, x, device)
-        return self._judge(device, d, t, m.event_id, appended_at)
+        return self._judge(device, d, t, metrics.event_id, appended_at)
 
     def heartbeat(
         self,
-        h: NodeHealth,
+        health: NodeHealth,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
         source: Hashable = None,
     ) -> list[Verdict]:
-        t = h.observed_at.timestamp()
+        t = health.observed_at.timestamp()
         self._advance(source, t)
-        self.nodes[h.node_id] = t
-        self.node_source[h.node_id] = source
+        self.nodes[health.node_id] = t
+        self.node_source[health.node_id] = source
         if received_s is not None:
-            self.nodes_wall[h.node_id] = received_s
+            self.nodes_wall[health.node_id] = received_s
         out: list[Verdict] = []
-        if h.node_id in self.lost_nodes:
-            self.lost_nodes.discard(h.node_id)
+        if health.node_id in self.lost_nodes:
+            self.lost_nodes.discard(health.node_id)
         touched: set[str] = set()
-        for p in h.probes:
+        for p in health.probes:
             d = self.devices.get(p.device_uuid or "")
             if d is None or p.probe is not ProbeKind.GEMM:
                 continue
@@ -243,9 +248,9 @@ class HealthDetector:
             d.probe_slow = d.probe_slow + 1 if slow else 0
             if not slow:
                 self.probe_peers.learn(d.kind, x, p.device_uuid)
-        for device_uuid in self.node_devices.get(h.node_id, ()):
+        for device_uuid in self.node_devices.get(health.node_id, ()):
             d = self.devices[device_uuid]
-            out.extend(self._judge(device_uuid, d, t, h.event_id, appended_at))
+            out.extend(self._judge(device_uuid, d, t, health.event_id, appended_at))
         return out
 
     def tick(self, now: datetime, *, wall_s: float = math.inf) -> list[Verdict]:
@@ -268,9 +273,9 @@ class HealthDetector:
                 out.extend(self._judge(device_uuid, self.devices[device_uuid], t, None, None))
         return out
 
-    def _advance(self, source: Hashable, t: float) -> None:
-        if t > self.watermarks.get(source, -math.inf):
-            self.watermarks[source] = t
+    def _advance(self, source: Hashable, at_s: float) -> None:
+        if at_s > self.watermarks.get(source, -math.inf):
+            self.watermarks[source] = at_s
 
     def _behind(self, node: str, seen: float) -> bool:
         """Silent against its own source's progress: its partition-mates heartbeat on, so
@@ -288,132 +293,140 @@ class HealthDetector:
 
     # -- signals --------------------------------------------------------------------------
 
-    def _ecc(self, d: DeviceState, total: int, t: float) -> None:
+    def _ecc(self, device: DeviceState, total: int, at_s: float) -> None:
         c = self.config
-        if d.sbe_last < 0 or total < d.sbe_last:  # first sample, or counters were reset
-            d.sbe_last, d.ecc_start_s, d.ecc_count = total, t, 0
+        if device.sbe_last < 0 or total < device.sbe_last:  # first sample, or counters were reset
+            device.sbe_last, device.ecc_start_s, device.ecc_count = total, at_s, 0
             return
-        d.ecc_count += total - d.sbe_last
-        d.sbe_last = total
-        span = t - d.ecc_start_s
+        device.ecc_count += total - device.sbe_last
+        device.sbe_last = total
+        span = at_s - device.ecc_start_s
         if span < c.ecc_window_s:
             return
-        rate = d.ecc_count / span
-        d.ecc_rate_per_s = rate
-        if math.isnan(d.ecc_base_per_s):
-            d.ecc_base_per_s = rate
+        rate = device.ecc_count / span
+        device.ecc_rate_per_s = rate
+        if math.isnan(device.ecc_base_per_s):
+            device.ecc_base_per_s = rate
         else:
-            expected = max(d.ecc_base_per_s * span, 0.5)
-            z = (d.ecc_count - expected) / math.sqrt(expected)
+            expected = max(device.ecc_base_per_s * span, 0.5)
+            z = (device.ecc_count - expected) / math.sqrt(expected)
             risen = (
-                d.ecc_count >= c.ecc_min_count
-                and d.ecc_count >= c.ecc_rise_ratio * expected
+                device.ecc_count >= c.ecc_min_count
+                and device.ecc_count >= c.ecc_rise_ratio * expected
                 and z >= c.ecc_z
             )
-            d.ecc_streak = d.ecc_streak + 1 if risen else 0
-            if d.ecc_streak == 0:  # the baseline learns only quiet windows
-                d.ecc_base_per_s += 0.1 * (rate - d.ecc_base_per_s)
-        d.ecc_start_s, d.ecc_count = t, 0
+            device.ecc_streak = device.ecc_streak + 1 if risen else 0
+            if device.ecc_streak == 0:  # the baseline learns only quiet windows
+                device.ecc_base_per_s += 0.1 * (rate - device.ecc_base_per_s)
+        device.ecc_start_s, device.ecc_count = at_s, 0
 
-    def _thermal(self, d: DeviceState, s: AcceleratorTelemetry, dt: float) -> None:
+    def _thermal(self, device: DeviceState, sample: AcceleratorTelemetry, dt: float) -> None:
         c = self.config
-        d.thermal_hot = bool((s.clock_throttle_reasons or 0) & CLOCKS_THERMAL)
-        if s.gpu_temp_celsius is None or s.power_usage_watts is None:
+        device.thermal_hot = bool((sample.clock_throttle_reasons or 0) & CLOCKS_THERMAL)
+        if sample.gpu_temp_celsius is None or sample.power_usage_watts is None:
             return
         # the die lags the power it draws: compare temperature with power smoothed the same way
-        if math.isnan(d.power_smooth) or not 0 < dt < 10 * c.thermal_tau_s:
-            d.power_smooth = s.power_usage_watts
+        if math.isnan(device.power_smooth) or not 0 < dt < 10 * c.thermal_tau_s:
+            device.power_smooth = sample.power_usage_watts
         else:
-            d.power_smooth += (1 - math.exp(-dt / c.thermal_tau_s)) * (
-                s.power_usage_watts - d.power_smooth
+            device.power_smooth += (1 - math.exp(-dt / c.thermal_tau_s)) * (
+                sample.power_usage_watts - device.power_smooth
             )
-        power = d.power_smooth
-        fit = self.thermal_fit.setdefault(d.kind, EwRegression())
-        r = fit.residual(power, s.gpu_temp_celsius)
-        hot = d.thermal_hot
-        peer = None if r is None else self.thermal_peers.score(d.kind, r, s.device_uuid)
+        power = device.power_smooth
+        fit = self.thermal_fit.setdefault(device.kind, EwRegression())
+        r = fit.residual(power, sample.gpu_temp_celsius)
+        hot = device.thermal_hot
+        peer = None if r is None else self.thermal_peers.score(device.kind, r, sample.device_uuid)
         if peer is not None:
-            d.temp_resid += c.fast_alpha * (peer.deviation - d.temp_resid)
-            d.thermal_sigma = peer.sigma
-            hot = hot or d.temp_resid > self._thermal_threshold(d)
+            device.temp_resid += c.fast_alpha * (peer.deviation - device.temp_resid)
+            device.thermal_sigma = peer.sigma
+            hot = hot or device.temp_resid > self._thermal_threshold(device)
         if hot:
             return  # neither the fit nor the cohort learns from a hot device
         if r is not None:
-            self.thermal_peers.learn(d.kind, r, s.device_uuid)
-        fit.learn(power, s.gpu_temp_celsius)
+            self.thermal_peers.learn(device.kind, r, sample.device_uuid)
+        fit.learn(power, sample.gpu_temp_celsius)
 
-    def _tpot_excess(self, d: DeviceState) -> float:
-        return d.tpot_fast - d.tpot_history
+    def _tpot_excess(self, device: DeviceState) -> float:
+        return device.tpot_fast - device.tpot_history
 
-    def _tpot_threshold(self, d: DeviceState) -> float:
+    def _tpot_threshold(self, device: DeviceState) -> float:
         c = self.config
-        return max(math.log1p(c.tpot_margin_ratio), c.peer_z * d.tpot_sigma)
+        return max(math.log1p(c.tpot_margin_ratio), c.peer_z * device.tpot_sigma)
 
-    def _thermal_threshold(self, d: DeviceState) -> float:
+    def _thermal_threshold(self, device: DeviceState) -> float:
         c = self.config
-        return max(c.thermal_margin_celsius, c.peer_z * d.thermal_sigma)
+        return max(c.thermal_margin_celsius, c.peer_z * device.thermal_sigma)
 
     # -- judgement ------------------------------------------------------------------------
 
-    def signals(self, d: DeviceState, t: float) -> tuple[list[Signal], list[Signal]]:
+    def signals(self, device: DeviceState, at_s: float) -> tuple[list[Signal], list[Signal]]:
         """(hard signals firing, soft signals evaluated), each as value against threshold."""
         c = self.config
         hard: list[Signal] = []
-        if d.dbe > 0:
-            hard.append(Signal(name="ecc_dbe", value=d.dbe, threshold=1))
-        if d.fatal_xid and t - d.fatal_at_s <= c.fatal_latch_s:
-            hard.append(Signal(name=f"xid_{d.fatal_xid}", value=d.fatal_xid, threshold=0))
-        if d.probe_failed:
+        if device.dbe > 0:
+            hard.append(Signal(name="ecc_dbe", value=device.dbe, threshold=1))
+        if device.fatal_xid and at_s - device.fatal_at_s <= c.fatal_latch_s:
+            hard.append(Signal(name=f"xid_{device.fatal_xid}", value=device.fatal_xid, threshold=0))
+        if device.probe_failed:
             hard.append(Signal(name="probe_failed", value=1, threshold=1))
-        if d.node_id in self.lost_nodes:
-            age = t - self.nodes.get(d.node_id, t)
+        if device.node_id in self.lost_nodes:
+            age = at_s - self.nodes.get(device.node_id, at_s)
             hard.append(Signal(name="heartbeat_lost_s", value=age, threshold=c.heartbeat_timeout_s))
-        elif (gap := self.watermarks.get(d.source, d.seen_s) - d.seen_s) > c.heartbeat_timeout_s:
+        elif (
+            gap := self.watermarks.get(device.source, device.seen_s) - device.seen_s
+        ) > c.heartbeat_timeout_s:
             # its partition-mates report on, it does not: a device off the bus
             hard.append(Signal(name="device_silent_s", value=gap, threshold=c.heartbeat_timeout_s))
         soft: list[Signal] = []
-        ecc_value = float(d.ecc_streak)
-        if d.ecc_rate_per_s >= c.ecc_dying_per_s:
+        ecc_value = float(device.ecc_streak)
+        if device.ecc_rate_per_s >= c.ecc_dying_per_s:
             ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
         soft.append(Signal(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
-        thermal = d.temp_resid
-        threshold = self._thermal_threshold(d)
-        if d.thermal_hot:
+        thermal = device.temp_resid
+        threshold = self._thermal_threshold(device)
+        if device.thermal_hot:
             thermal = max(thermal, threshold)
         soft.append(Signal(name="thermal_resid_celsius", value=thermal, threshold=threshold))
-        if t - d.tpot_seen_s <= c.tpot_stale_s and d.tpot_n > c.warmup_samples:
+        if at_s - device.tpot_seen_s <= c.tpot_stale_s and device.tpot_n > c.warmup_samples:
             soft.append(
                 Signal(
                     name="tpot_vs_peers_log",
-                    value=self._tpot_excess(d),
-                    threshold=self._tpot_threshold(d),
+                    value=self._tpot_excess(device),
+                    threshold=self._tpot_threshold(device),
                 )
             )
-        soft.append(Signal(name="probe_slow", value=d.probe_slow, threshold=2))
-        soft.append(Signal(name="xid_flaps", value=len(d.xid_times), threshold=c.xid_flap_count))
+        soft.append(Signal(name="probe_slow", value=device.probe_slow, threshold=2))
+        soft.append(
+            Signal(name="xid_flaps", value=len(device.xid_times), threshold=c.xid_flap_count)
+        )
         return hard, soft
 
     def _judge(
         self,
         device_uuid: str,
-        d: DeviceState,
-        t: float,
+        device: DeviceState,
+        at_s: float,
         cause: UUID | None,
         appended_at: datetime | None,
     ) -> list[Verdict]:
         c = self.config
-        d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s]
-        hard, soft = self.signals(d, t)
+        device.xid_times = [x for x in device.xid_times if at_s - x <= c.xid_flap_window_s]
+        hard, soft = self.signals(device, at_s)
         over = [s for s in soft if over_threshold(s)]
         for s in soft:
             if s in over:
-                d.since.setdefault(s.name, t)
+                device.since.setdefault(s.name, at_s)
             else:
-                d.since.pop(s.name, None)
+                device.since.pop(s.name, None)
         sustained = [
             s
             for s in over
-            if (s.value >= s.threshold if counted(s.name) else t - d.since[s.name] >= c.sustain_s)
+            if (
+                s.value >= s.threshold
+                if counted(s.name)
+                else at_s - device.since[s.name] >= c.sustain_s
+            )
         ]
         if hard:
             status, score = HealthStatus.FAILED, 1.0
@@ -425,21 +438,21 @@ class HealthDetector:
             status = HealthStatus.HEALTHY
             score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
         score = min(max(score, 0.0), 1.0)
-        if status is d.status and t - d.emitted_s < c.verdict_interval_s:
+        if status is device.status and at_s - device.emitted_s < c.verdict_interval_s:
             return []
-        previous, d.status, d.emitted_s = d.status, status, t
+        previous, device.status, device.emitted_s = device.status, status, at_s
         shown = (hard + over) or soft
-        evidence = "; ".join(describe(s, t - d.since.get(s.name, t)) for s in shown)
+        evidence = "; ".join(describe(s, at_s - device.since.get(s.name, at_s)) for s in shown)
         return [
             Verdict(
                 verdict_id=self.new_id(),
-                observed_at=datetime.fromtimestamp(t, UTC),
+                observed_at=datetime.fromtimestamp(at_s, UTC),
                 device_uuid=device_uuid,
-                node_id=d.node_id,
-                region=d.region,
-                rack_id=d.rack_id,
-                pool=pool_name(d.region, d.kind),
-                accelerator_type=d.kind,
+                node_id=device.node_id,
+                region=device.region,
+                rack_id=device.rack_id,
+                pool=pool_name(device.region, device.kind),
+                accelerator_type=device.kind,
                 status=status,
                 previous_status=previous,
                 score=round(score, 4),

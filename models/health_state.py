@@ -93,15 +93,15 @@ class EwRegression:
     vxx: float = 0.0
     cxy: float = 0.0
 
-    def residual(self, x: float, y: float) -> float | None:
+    def residual(self, power_watts: float, temp_celsius: float) -> float | None:
         if self.n < 30 or self.vxx <= 1e-9:
             return None
         slope = self.cxy / self.vxx
-        return y - (self.my + slope * (x - self.mx))
+        return temp_celsius - (self.my + slope * (power_watts - self.mx))
 
-    def learn(self, x: float, y: float) -> None:
+    def learn(self, power_watts: float, temp_celsius: float) -> None:
         a = max(self.alpha, 1.0 / (self.n + 1))
-        dx, dy = x - self.mx, y - self.my
+        dx, dy = power_watts - self.mx, temp_celsius - self.my
         self.mx += a * dx
         self.my += a * dy
         self.vxx = (1 - a) * (self.vxx + a * dx * dx)
@@ -115,18 +115,20 @@ def counted(name: str) -> bool:
     return name in ("ecc_sbe_rise", "probe_slow", "xid_flaps")
 
 
-def over_threshold(s: Signal) -> bool:
-    if counted(s.name):
-        return s.value >= 1
-    return s.threshold > 0 and s.value >= s.threshold
+def over_threshold(signal: Signal) -> bool:
+    if counted(signal.name):
+        return signal.value >= 1
+    return signal.threshold > 0 and signal.value >= signal.threshold
 
 
-def finite(s: Signal) -> Signal:
-    if math.isfinite(s.value) and math.isfinite(s.threshold):
-        return Signal(name=s.name, value=round(s.value, 4), threshold=round(s.threshold, 4))
-    return Signal(name=s.name, value=0.0, threshold=0.0)
+def finite(signal: Signal) -> Signal:
+    if math.isfinite(signal.value) and math.isfinite(signal.threshold):
+        return Signal(
+            name=signal.name, value=round(signal.value, 4), threshold=round(signal.threshold, 4)
+        )
+    return Signal(name=signal.name, value=0.0, threshold=0.0)
 
 
-def describe(s: Signal, for_s: float) -> str:
+def describe(signal: Signal, for_s: float) -> str:
     held = f" for {for_s:.0f}s" if for_s >= 1 else ""
-    return f"{s.name} {s.value:.3g} (threshold {s.threshold:.3g}){held}"
+    return f"{signal.name} {signal.value:.3g} (threshold {signal.threshold:.3g}){held}"

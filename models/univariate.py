@@ -138,45 +138,45 @@ class StreamScorer:
             if 2 <= samples <= self.config.max_season_samples:
                 self.season = deque(maxlen=samples)
 
-    def _raw(self, x: float) -> float:
+    def _raw(self, value: float) -> float:
         if self.n == 0:
             return 0.0
-        z = abs(x - self.level) / max(self.error, 1e-9 + 1e-6 * abs(self.level))
+        z = abs(value - self.level) / max(self.error, 1e-9 + 1e-6 * abs(self.level))
         s = self.season
         if s is not None and len(s) == s.maxlen and self.n > 2 * len(s):
-            z = min(z, abs(x - s[0]) / max(self.season_error, 1e-9 + 1e-6 * abs(x)))
+            z = min(z, abs(value - s[0]) / max(self.season_error, 1e-9 + 1e-6 * abs(value)))
         surprise = 1.0 - math.exp(-z / 3.0)
         rarity = 0.0
         if self.hi > self.lo:
             span = self.hi - self.lo
-            if x < self.lo - 0.05 * span or x > self.hi + 0.05 * span:
+            if value < self.lo - 0.05 * span or value > self.hi + 0.05 * span:
                 rarity = 1.0
             else:
-                b = self._bin(x)
+                b = self._bin(value)
                 p = (self.counts[b] + 1.0) / (self.n + self.config.bins)
                 rarity = min(1.0, -math.log(p) / math.log(self.n + self.config.bins))
         return max(surprise, rarity * rarity)
 
-    def _bin(self, x: float) -> int:
-        b = int((x - self.lo) / (self.hi - self.lo) * self.config.bins)
+    def _bin(self, value: float) -> int:
+        b = int((value - self.lo) / (self.hi - self.lo) * self.config.bins)
         return min(max(b, 0), self.config.bins - 1)
 
-    def _learn(self, x: float) -> None:
+    def _learn(self, value: float) -> None:
         c = self.config
         s = self.season
         if s is not None:
             if len(s) == s.maxlen:
-                self.season_error += c.error_alpha * (abs(x - s[0]) - self.season_error)
-            s.append(x)
+                self.season_error += c.error_alpha * (abs(value - s[0]) - self.season_error)
+            s.append(value)
         if self.n == 0:
-            self.level = x
+            self.level = value
         else:
-            self.error += c.error_alpha * (abs(x - self.level) - self.error)
-            self.level += c.level_alpha * (x - self.level)
-        if x < self.lo or x > self.hi:
-            self._rebin(min(self.lo, x), max(self.hi, x))
+            self.error += c.error_alpha * (abs(value - self.level) - self.error)
+            self.level += c.level_alpha * (value - self.level)
+        if value < self.lo or value > self.hi:
+            self._rebin(min(self.lo, value), max(self.hi, value))
         if self.hi > self.lo:
-            self.counts[self._bin(x)] += 1
+            self.counts[self._bin(value)] += 1
 
     def _rebin(self, lo: float, hi: float) -> None:
         """The range grew: spread the old counts onto the new bins (by bin centre)."""

@@ -104,79 +104,79 @@ class DemandPlanner:
     warms and cools it calls for, past the guardrail."""
 
     def __init__(
-        self, w: DemandWiring, *, guard: Guardrail | None = None, new_id: Any = uuid.uuid4
+        self, wiring: DemandWiring, *, guard: Guardrail | None = None, new_id: Any = uuid.uuid4
     ) -> None:
-        self.w = w
+        self.wiring = wiring
         self.guard = guard or Guardrail(GuardrailConfig(), devices={})
         self.new_id = new_id
-        loads = (w.load_s, *w.load_s_by_accelerator.values())
+        loads = (wiring.load_s, *wiring.load_s_by_accelerator.values())
         self.horizon_steps = tuple(
             sorted(
-                {max(1, round(h / w.step_s)) for h in w.horizons_s}
+                {max(1, round(h / wiring.step_s)) for h in wiring.horizons_s}
                 | {self._steps(s) for s in loads}
             )
         )
         self.keys: dict[tuple[str, str], _Key] = {}
 
     def _steps(self, seconds: float) -> int:
-        return max(1, math.ceil(seconds / self.w.step_s))
+        return max(1, math.ceil(seconds / self.wiring.step_s))
 
     def _key(self, model: str, region: str) -> _Key:
         k = self.keys.get((model, region))
         if k is None:
-            season = max(2, round(self.w.season_s / self.w.step_s))
+            season = max(2, round(self.wiring.season_s / self.wiring.step_s))
             k = self.keys[(model, region)] = _Key(
                 DemandForecaster(horizons=self.horizon_steps, season=season),
-                WarmingPolicy(self.w.warming),
+                WarmingPolicy(self.wiring.warming),
             )
         return k
 
-    def serving(self, m: ServingMetrics) -> None:
-        if m.requests > 0:
-            k = self._key(m.model, m.region)
-            k.replicas.setdefault(m.pool, set()).add(m.replica_id)
-            k.served += m.requests
+    def serving(self, metrics: ServingMetrics) -> None:
+        if metrics.requests > 0:
+            k = self._key(metrics.model, metrics.region)
+            k.replicas.setdefault(metrics.pool, set()).add(metrics.replica_id)
+            k.served += metrics.requests
 
     def demand(
-        self, d: Demand, *, now: datetime | None = None
+        self, demand: Demand, *, now: datetime | None = None
     ) -> tuple[list[Forecast], list[WarmStep]]:
         """One demand event; returns what closing a step produced (if one closed). ``now``
         (event time) judges how stale the step is; the step's end when not given."""
-        k = self._key(d.model, d.region)
-        step = int(d.observed_at.timestamp() // self.w.step_s)
+        k = self._key(demand.model, demand.region)
+        step = int(demand.observed_at.timestamp() // self.wiring.step_s)
         forecasts: list[Forecast] = []
         steps: list[WarmStep] = []
         if k.step >= 0 and step > k.step:
-            forecasts, steps = self._close(d.model, d.region, k, now)
+            forecasts, steps = self._close(demand.model, demand.region, k, now)
             # steps without a single demand event had none: the series learns their zeros
             for gap in range(k.step + 1, min(step, k.step + 1 + MAX_GAP_STEPS)):
                 k.step, k.requests = gap, 0.0
-                more, more_steps = self._close(d.model, d.region, k, now)
+                more, more_steps = self._close(demand.model, demand.region, k, now)
                 forecasts += more
                 steps += more_steps
         if step >= k.step:
             if step > k.step:
                 k.step, k.requests = step, 0.0
-            k.requests += d.requests
+            k.requests += demand.requests
         return forecasts, steps
 
     def _close(
-        self, model: str, region: str, k: _Key, now: datetime | None
+        self, model: str, region: str, key: _Key, now: datetime | None
     ) -> tuple[list[Forecast], list[WarmStep]]:
-        w = self.w
-        end = datetime.fromtimestamp((k.step + 1) * w.step_s, UTC)
-        rps = k.requests / w.step_s
-        k.forecaster.learn_one(rps)
-        bands = k.forecaster.forecast()
+        wiring = self.wiring
+        end = datetime.fromtimestamp((key.step + 1) * wiring.step_s, UTC)
+        rps = key.requests / wiring.step_s
+        key.forecaster.learn_one(rps)
+        bands = key.forecaster.forecast()
         forecasts = [
             Forecast(
                 forecast_id=self.new_id(),
                 made_at=end,
-                target_at=end + timedelta(seconds=h * w.step_s),
+                target_at=end + timedelta(seconds=h * wiring.step_s),
                 model=model,
                 region=region,
-                horizon_s=h * w.step_s,
-                step_s=w.step_s,
+                horizon_s=h * wiring.step_s,
+                step_s=wiring.step_s,
                 observed_rps=rps,
                 point_rps=b.point,
                 low_rps=b.low,
@@ -185,17 +185,17 @@ class DemandPlanner:
             )
             for h, b in bands.items()
         ]
-        k.loading = [(p, ready) for p, ready in k.loading if ready > end]
-        ready = sum(len(r) for r in k.replicas.values())
-        by_pool = Tally({p: len(r) for p, r in k.replicas.items()})
+        key.loading = [(p, ready) for p, ready in key.loading if ready > end]
+        ready = sum(len(r) for r in key.replicas.values())
+        by_pool = Tally({p: len(r) for p, r in key.replicas.items()})
         if ready:
-            k.capacity_rps = max(k.capacity_rps, k.served / w.step_s / ready)
-        k.replicas, k.served = {}, 0.0
-        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{w.pool_suffix}"
-        load_s = w.load_s_for(busiest)
-        d = k.policy.step(
-            step=k.step, bands=bands, ready=ready, loading=len(k.loading),
-            capacity=k.capacity_rps or w.replica_rps, load_steps=self._steps(load_s),
+            key.capacity_rps = max(key.capacity_rps, key.served / wiring.step_s / ready)
+        key.replicas, key.served = {}, 0.0
+        busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{wiring.pool_suffix}"
+        load_s = wiring.load_s_for(busiest)
+        d = key.policy.step(
+            step=key.step, bands=bands, ready=ready, loading=len(key.loading),
+            capacity=key.capacity_rps or wiring.replica_rps, load_steps=self._steps(load_s),
             observed=rps,
         )  # fmt: skip
         if d.replicas == 0:
@@ -205,12 +205,12 @@ class DemandPlanner:
         )
         if d.replicas > 0 and guard.allowed:
             ready_by = end + timedelta(seconds=load_s * 2)
-            k.loading += [(busiest, ready_by)] * d.replicas
+            key.loading += [(busiest, ready_by)] * d.replicas
         return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
 
 
 def decide_warm(
-    step: WarmStep, w: DemandWiring, *, new_id: Any = uuid.uuid4
+    step: WarmStep, wiring: DemandWiring, *, new_id: Any = uuid.uuid4
 ) -> Output[WarmCommand]:
     """One warm or cool -> its decision and, with a signing key, its command."""
     d = step.decision
@@ -218,9 +218,9 @@ def decide_warm(
     decision_id = new_id()
     command = None
     if step.guard.allowed:
-        deadline = step.at + timedelta(seconds=w.load_s_for(step.pool))
+        deadline = step.at + timedelta(seconds=wiring.load_s_for(step.pool))
         command = issue(
-            WarmCommand, w, by=WARMING, at=step.at, decision_id=decision_id, new_id=new_id,
+            WarmCommand, wiring, by=WARMING, at=step.at, decision_id=decision_id, new_id=new_id,
             target=Target(pool=step.pool), reason=d.reason.value, message=d.message[:1024],
             action=action, model=step.model, replicas=abs(d.replicas),
             deadline_at=deadline if d.replicas > 0 else None,

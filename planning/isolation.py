@@ -39,18 +39,18 @@ class HealthWiring(HealthTuning, IssuerWiring):
     """What the health processors need besides the app: tuning and issuing."""
 
 
-def detector(w: HealthTuning) -> HealthDetector:
+def detector(tuning: HealthTuning) -> HealthDetector:
     """The health detector ``health.detect`` runs, from its settings."""
-    return HealthDetector(w.detector)
+    return HealthDetector(tuning.detector)
 
 
-def ladder(w: HealthTuning) -> IsolationLadder:
+def ladder(tuning: HealthTuning) -> IsolationLadder:
     """The isolation ladder ``health.isolate`` runs, with its guardrail, from its settings
     (the guardrail learns the fleet's devices from the verdicts it sees)."""
-    return IsolationLadder(w.ladder, Guardrail(w.guardrail, devices={}))
+    return IsolationLadder(tuning.ladder, Guardrail(tuning.guardrail, devices={}))
 
 
-def decide(step: LadderDecision, now: datetime, w: HealthWiring) -> Output[RouteCommand]:
+def decide(step: LadderDecision, now: datetime, wiring: HealthWiring) -> Output[RouteCommand]:
     """One ladder step -> its decision record and, when allowed and keyed, its command."""
     v = step.verdict
     decision_id = uuid.uuid4()
@@ -59,7 +59,7 @@ def decide(step: LadderDecision, now: datetime, w: HealthWiring) -> Output[Route
         outcome = DecisionOutcome.REFUSED
     else:
         command = issue(
-            RouteCommand, w, by=ISOLATION, at=now, decision_id=decision_id,
+            RouteCommand, wiring, by=ISOLATION, at=now, decision_id=decision_id,
             target=Target(device_uuid=step.device_uuid), reason=step.reason,
             message=step.message, cause_event_id=v.cause_event_id,
             cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,

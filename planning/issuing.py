@@ -56,7 +56,7 @@ class Output(Generic[K]):
 
 def issue(
     cls: type[C],
-    w: IssuerWiring,
+    wiring: IssuerWiring,
     *,
     by: Controller,
     at: datetime,
@@ -64,17 +64,17 @@ def issue(
     new_id: Callable[[], uuid.UUID] = uuid.uuid4,
     **fields: Any,
 ) -> C | None:
-    """The signed command ``by`` issues for a decision made at ``at``, or None when ``w``
+    """The signed command ``by`` issues for a decision made at ``at``, or None when ``wiring``
     has no key."""
-    if w.signing_key is None:
+    if wiring.signing_key is None:
         return None
     if not issubclass(cls, by.command):
         raise TypeError(f"{by.name} issues {by.command.__name__}, not {cls.__name__}")
-    kid, key = w.signing_key
+    kid, key = wiring.signing_key
     command = cls(
         command_id=new_id(),
         issued_at=at,
-        expires_at=at + timedelta(seconds=w.command_ttl_s),
+        expires_at=at + timedelta(seconds=wiring.command_ttl_s),
         issuer=by.name,
         decision_id=decision_id,
         **fields,

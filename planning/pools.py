@@ -84,11 +84,13 @@ class ControlPlanner(ThrottleIssuer):
     """Serving, PDU and accelerator telemetry in; per pool and period the optional-work
     budget and batch target, per rack the caps and batch moves, as decisions and commands."""
 
-    def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
-        super().__init__(w, new_id=new_id)
+    def __init__(
+        self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    ) -> None:
+        super().__init__(wiring, new_id=new_id)
         self.pools: dict[str, _Pool] = {}
-        self.global_budget = GlobalBudget(w.global_budget_devices)
-        self.power = RackPlanner(w, new_id=new_id, rooms=self._rooms)
+        self.global_budget = GlobalBudget(wiring.global_budget_devices)
+        self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
 
     def _rooms(self) -> dict[str, float]:
         return {name: pool.room_replicas for name, pool in self.pools.items()}
@@ -106,39 +108,39 @@ class ControlPlanner(ThrottleIssuer):
             self.accelerator(value)
         return []
 
-    def accelerator(self, t: AcceleratorTelemetry) -> None:
-        self.power.accelerator(t)
+    def accelerator(self, telemetry: AcceleratorTelemetry) -> None:
+        self.power.accelerator(telemetry)
 
-    def pdu(self, r: PduReading) -> list[ThrottleOutput]:
-        return self.power.pdu(r)
+    def pdu(self, reading: PduReading) -> list[ThrottleOutput]:
+        return self.power.pdu(reading)
 
-    def serving(self, m: ServingMetrics) -> list[ThrottleOutput]:
-        pool = self.pools.get(m.pool)
+    def serving(self, metrics: ServingMetrics) -> list[ThrottleOutput]:
+        pool = self.pools.get(metrics.pool)
         if pool is None:
-            pool = self.pools[m.pool] = _Pool(
-                CapacityController(self.w.capacity), TpotGuard(self.w.tpot_guard)
+            pool = self.pools[metrics.pool] = _Pool(
+                CapacityController(self.wiring.capacity), TpotGuard(self.wiring.tpot_guard)
             )
-        period, out = self._period(m.observed_at), []
+        period, out = self._period(metrics.observed_at), []
         if period > pool.period >= 0:
-            out = self._close_pool(m.pool, pool)
+            out = self._close_pool(metrics.pool, pool)
         if period >= pool.period:
             pool.period = period
-            if m.tpot_p95_s is not None:
-                sample = TpotSample(m.tpot_p95_s, max(m.requests, 1))
-                pool.tpot.setdefault(m.model, []).append(sample)
+            if metrics.tpot_p95_s is not None:
+                sample = TpotSample(metrics.tpot_p95_s, max(metrics.requests, 1))
+                pool.tpot.setdefault(metrics.model, []).append(sample)
             baseline = 1.0
-            if m.optional_requests is not None and m.requests > 0:
-                baseline = 1.0 - m.optional_requests / m.requests
-            self.power.serving(m)
-            pool.replicas[m.replica_id] = ReplicaLoad(
-                m.batch_size, m.queue_depth, baseline, m.tpot_p95_s
+            if metrics.optional_requests is not None and metrics.requests > 0:
+                baseline = 1.0 - metrics.optional_requests / metrics.requests
+            self.power.serving(metrics)
+            pool.replicas[metrics.replica_id] = ReplicaLoad(
+                metrics.batch_size, metrics.queue_depth, baseline, metrics.tpot_p95_s
             )
         return out
 
     # -- period ends ----------------------------------------------------------------------
 
     def _close_pool(self, name: str, pool: _Pool) -> list[ThrottleOutput]:
-        w, end = self.w, self._end(pool.period)
+        wiring, end = self.wiring, self._end(pool.period)
         # each model is held to the SLO on its own: the pool answers for its slowest
         per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
         tpot = max((t for t in per_model if t is not None), default=None)
@@ -153,11 +155,11 @@ class ControlPlanner(ThrottleIssuer):
         before = pool.capacity.budget
         d = pool.capacity.step(
             now=end,
-            latency_ratio=None if tpot is None else tpot / w.tpot_slo_s,
+            latency_ratio=None if tpot is None else tpot / wiring.tpot_slo_s,
             load_ratio=load,
             baseline_ratio=base if replicas else None,
         )
-        pool.room_replicas = max(0.0, w.capacity.load_setpoint_ratio - base) * len(replicas)
+        pool.room_replicas = max(0.0, wiring.capacity.load_setpoint_ratio - base) * len(replicas)
         granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
         if pool.capacity.limit(granted):
             d = replace(
@@ -168,7 +170,7 @@ class ControlPlanner(ThrottleIssuer):
         # a change is always recorded; a noteworthy hold once, when it starts
         if d.applied != before or (d.reason in NOTEWORTHY and d.reason is not pool.said):
             pool.said = d.reason
-            spend = split_levers(d.applied, base, w.levers)
+            spend = split_levers(d.applied, base, wiring.levers)
             out.append(self._output(
                 end, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
                 f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
@@ -181,7 +183,7 @@ class ControlPlanner(ThrottleIssuer):
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
         in_use = max((r.batch for r in replicas), default=None)
-        b = pool.guard.step(tpot_p95_s=tpot, slo_s=w.tpot_slo_s, batch_in_use=in_use)
+        b = pool.guard.step(tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
                 end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
@@ -195,9 +197,9 @@ class ControlPlanner(ThrottleIssuer):
         """The batch ``replica`` can run with its TPOT p95 at the latency setpoint."""
         if replica.tpot_p95_s is None or replica.tpot_p95_s <= 0:
             return float(target)
-        k, w = self.w.tpot_doubling_batch, self.w
+        k, wiring = self.wiring.tpot_doubling_batch, self.wiring
         base_s = replica.tpot_p95_s / (1.0 + replica.batch / k)  # its TPOT at a batch of one
-        allowed_s = w.capacity.setpoint_ratio * w.tpot_slo_s
+        allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
         return min(float(target), max(0.0, k * (allowed_s / base_s - 1.0)))
 
 

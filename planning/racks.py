@@ -77,80 +77,84 @@ class RackPlanner(ThrottleIssuer):
 
     def __init__(
         self,
-        w: ControlWiring,
+        wiring: ControlWiring,
         *,
         rooms: Callable[[], dict[str, float]],
         new_id: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
-        super().__init__(w, new_id=new_id)
+        super().__init__(wiring, new_id=new_id)
         self.rooms = rooms
         self.racks: dict[str, _Rack] = {}
         self.devices: dict[str, _Device] = {}
         # rack -> its devices, in the order first seen (a rack's close reads its own)
         self.rack_devices: dict[str, list[str]] = {}
 
-    def serving(self, m: ServingMetrics) -> None:
+    def serving(self, metrics: ServingMetrics) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""
-        device = self.devices.get(m.device_uuid or "")
+        device = self.devices.get(metrics.device_uuid or "")
         if device is None:
             return
-        device.pool = m.pool
-        if m.requests <= 0:
+        device.pool = metrics.pool
+        if metrics.requests <= 0:
             return
-        if m.batch_requests is not None:
-            device.batch_share += 0.2 * (m.batch_requests / m.requests - device.batch_share)
-        if m.optional_requests is not None:  # a device busy with optional work is capped first
-            baseline = 1.0 - m.optional_requests / m.requests
+        if metrics.batch_requests is not None:
+            device.batch_share += 0.2 * (
+                metrics.batch_requests / metrics.requests - device.batch_share
+            )
+        if (
+            metrics.optional_requests is not None
+        ):  # a device busy with optional work is capped first
+            baseline = 1.0 - metrics.optional_requests / metrics.requests
             device.baseline_share += 0.2 * (baseline - device.baseline_share)
 
-    def accelerator(self, t: AcceleratorTelemetry) -> None:
-        if t.power_usage_watts is None or t.power_limit_watts is None:
+    def accelerator(self, telemetry: AcceleratorTelemetry) -> None:
+        if telemetry.power_usage_watts is None or telemetry.power_limit_watts is None:
             return
-        d = self.devices.get(t.device_uuid)
+        d = self.devices.get(telemetry.device_uuid)
         if d is None:
-            self.rack_devices.setdefault(t.rack_id, []).append(t.device_uuid)
-            d = self.devices[t.device_uuid] = _Device(
-                t.node_id, t.rack_id, t.power_usage_watts, t.power_limit_watts,
-                t.power_limit_watts,
+            self.rack_devices.setdefault(telemetry.rack_id, []).append(telemetry.device_uuid)
+            d = self.devices[telemetry.device_uuid] = _Device(
+                telemetry.node_id, telemetry.rack_id, telemetry.power_usage_watts,
+                telemetry.power_limit_watts, telemetry.power_limit_watts,
             )  # fmt: skip
-        d.draw_watts, d.cap_watts = t.power_usage_watts, t.power_limit_watts
-        d.default_watts = max(d.default_watts, t.power_limit_watts)
-        d.min_watts, d.max_watts = t.power_limit_min_watts, t.power_limit_max_watts
+        d.draw_watts, d.cap_watts = telemetry.power_usage_watts, telemetry.power_limit_watts
+        d.default_watts = max(d.default_watts, telemetry.power_limit_watts)
+        d.min_watts, d.max_watts = telemetry.power_limit_min_watts, telemetry.power_limit_max_watts
 
-    def pdu(self, r: PduReading) -> list[ThrottleOutput]:
-        rack = self.racks.get(r.rack_id)
+    def pdu(self, reading: PduReading) -> list[ThrottleOutput]:
+        rack = self.racks.get(reading.rack_id)
         if rack is None:
-            rack = self.racks[r.rack_id] = _Rack(PowerController(self.w.power))
-        period, out = self._period(r.observed_at), []
+            rack = self.racks[reading.rack_id] = _Rack(PowerController(self.wiring.power))
+        period, out = self._period(reading.observed_at), []
         if period > rack.period >= 0:
             if rack.closed_early != rack.period:
-                out = self._close_rack(r.rack_id, rack, rack.phases, self._end(rack.period))
+                out = self._close_rack(reading.rack_id, rack, rack.phases, self._end(rack.period))
             rack.phases = {}
         if period >= rack.period:
             rack.period = period
-            rack.phases[r.phase] = rack.latest[r.phase] = r
+            rack.phases[reading.phase] = rack.latest[reading.phase] = reading
             if rack.closed_early != period and self._over_target(rack):
                 # the breaker's clock is running: act on this reading, not at the period's end
                 rack.closed_early = period
-                out += self._close_rack(r.rack_id, rack, rack.latest, r.observed_at)
+                out += self._close_rack(reading.rack_id, rack, rack.latest, reading.observed_at)
         return out
 
     def _over_target(self, rack: _Rack) -> bool:
         draw, limit = _summed(rack.latest)
-        return draw is not None and draw > self.w.power.target_ratio * limit
+        return draw is not None and draw > self.wiring.power.target_ratio * limit
 
     def _close_rack(
         self, rack_id: str, rack: _Rack, phases: dict[PduPhase, PduReading], end: datetime
     ) -> list[ThrottleOutput]:
         """One step of the rack's controller on ``phases`` (each phase's last reading)."""
-        w = self.w
+        wiring = self.wiring
         draw, limit = _summed(phases)
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
         plan = rack.power.step(
             now=end, draw_watts=draw, limit_watts=limit,
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
-                            *d.cap_range(w.min_cap_ratio), d.low_clock,
+                            *d.cap_range(wiring.min_cap_ratio), d.low_clock,
                             batch_watts=d.batch_share * d.draw_watts)
                 for u, d in members.items()
             ],

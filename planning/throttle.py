@@ -55,15 +55,17 @@ class ControlWiring(ControlTuning, IssuerWiring):
 class ThrottleIssuer:
     """Periods of event time, and decisions with their throttle commands."""
 
-    def __init__(self, w: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
-        self.w = w
+    def __init__(
+        self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    ) -> None:
+        self.wiring = wiring
         self.new_id = new_id
 
     def _period(self, at: datetime) -> int:
-        return int(at.timestamp() // self.w.period_s)
+        return int(at.timestamp() // self.wiring.period_s)
 
     def _end(self, period: int) -> datetime:
-        return datetime.fromtimestamp((period + 1) * self.w.period_s, UTC)
+        return datetime.fromtimestamp((period + 1) * self.wiring.period_s, UTC)
 
     def _output(
         self, at: datetime, target_name: str, by: Controller, action: ThrottleAction,
@@ -74,8 +76,9 @@ class ThrottleIssuer:
         command = None
         if changed:
             command = issue(
-                ThrottleCommand, self.w, by=by, at=at, decision_id=decision_id, new_id=self.new_id,
-                target=target, reason=reason, message=message[:1024], action=action, **params,
+                ThrottleCommand, self.wiring, by=by, at=at, decision_id=decision_id,
+                new_id=self.new_id, target=target, reason=reason, message=message[:1024],
+                action=action, **params,
             )  # fmt: skip
         outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
         decision = Decision(

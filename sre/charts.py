@@ -36,11 +36,11 @@ MARKER_MERGE_PX = 14.0  # markers closer than this share one number
 Point = tuple[datetime, float | None]
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]."""
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / max(1, n - 1)
+    raw = (hi - lo) / max(1, count - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     first = math.floor(lo / step) * step
@@ -63,15 +63,15 @@ def _gap_s(points: Sequence[Point], step_s: float | None) -> float:
     return 3 * steps[len(steps) // 2] if steps else float("inf")
 
 
-def fmt_number(v: float) -> str:
+def fmt_number(value: float) -> str:
     """Short, readable: 12,345 / 123.5 / 0.0123 / 1.2e-05."""
-    if v == 0:
+    if value == 0:
         return "0"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    if abs(v) >= 0.001:
-        return f"{v:.4g}"
-    return f"{v:.2g}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 0.001:
+        return f"{value:.4g}"
+    return f"{value:.2g}"
 
 
 def line_chart(
@@ -104,8 +104,8 @@ def line_chart(
     def x(ts: float) -> float:
         return LEFT + (ts - t0) / (t1 - t0) * w
 
-    def y(v: float) -> float:
-        return TOP + h - (v - v0) / (v1 - v0) * h
+    def y(value: float) -> float:
+        return TOP + h - (value - v0) / (v1 - v0) * h
 
     parts = [head, f'<rect x="{LEFT}" y="{TOP}" width="{w}" height="{h}" class="frame"/>']
     for tick in ticks:
@@ -149,7 +149,7 @@ def line_chart(
             f'<span class="key"><svg width="22" height="8"><line x1="0" x2="22" y1="4" y2="4" '
             f'stroke="{colour}" stroke-width="2.5"{style}/></svg>{escape(name)}</span>'
         )
-    notes = _markers(parts, markers, t0=t0, t1=t1, x=x, h=h, tz=tz)
+    notes = _markers(parts, markers, t0=t0, t1=t1, to_x=x, height=h, tz=tz)
     figure = [f'<figure class="chart">{"".join(parts)}</svg>']
     figure.append(f'<figcaption><div class="legend">{"".join(legend)}</div>{notes}</figcaption>')
     return "".join(figure) + "</figure>"
@@ -161,8 +161,8 @@ def _markers(
     *,
     t0: float,
     t1: float,
-    x: Callable[[float], float],
-    h: float,
+    to_x: Callable[[float], float],
+    height: float,
     tz: tzinfo | None,
 ) -> str:
     """Draw numbered marker lines into ``parts``; return their list as HTML."""
@@ -170,7 +170,7 @@ def _markers(
     outside = len(markers) - len(inside)
     groups: list[tuple[float, list[tuple[datetime, str]]]] = []
     for at, label in inside:
-        px = x(at.timestamp())
+        px = to_x(at.timestamp())
         if groups and px - groups[-1][0] < MARKER_MERGE_PX:
             groups[-1][1].append((at, label))
         else:
@@ -178,7 +178,7 @@ def _markers(
     items = []
     for n, (px, group) in enumerate(groups, start=1):
         parts.append(
-            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{TOP + h}" class="marker"/>'
+            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{TOP + height}" class="marker"/>'
             f'<circle cx="{px:.1f}" cy="{TOP - 7}" r="7" class="badge"/>'
             f'<text x="{px:.1f}" y="{TOP - 3.5}" class="badge-n">{n}</text>'
         )

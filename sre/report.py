@@ -307,9 +307,9 @@ def html_table(result: QueryResult, limit: int = 200) -> str:
         return "<p>no rows</p>"
     head = "".join(f"<th>{escape(str(c))}</th>" for c in result.columns)
 
-    def td(v: Any) -> str:
-        text = cell(v)
-        numeric = isinstance(v, int | float) and not isinstance(v, bool)
+    def td(value: Any) -> str:
+        text = cell(value)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
         kind = " class=n" if numeric else " class=w" if len(text) > 40 else ""  # w: wraps
         return f"<td{kind}>{escape(text)}</td>"
 

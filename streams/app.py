@@ -184,14 +184,14 @@ def _add_ingest(
     config: WorkerConfig,
     spec: TopicSpec,
     sink: ClickHouseSink,
-    m: IngestMetrics,
+    metrics: IngestMetrics,
     on_fatal: Callable[[str, BaseException], None],
 ) -> None:
     name = config.topic_prefix + spec.name
     source = app.topic(name, value_type=bytes, key_type=bytes, partitions=spec.partitions)
     dlq = app.topic(config.topic_prefix + spec.dlq_name, value_type=bytes, key_type=bytes)
-    valid_count = m.events.labels(name, "valid")
-    dead_count = m.events.labels(name, "dead_letter")
+    valid_count = metrics.events.labels(name, "valid")
+    dead_count = metrics.events.labels(name, "dead_letter")
 
     async def handle(events: list[Any]) -> None:
         now = datetime.now(UTC)
@@ -210,14 +210,14 @@ def _add_ingest(
             if isinstance(letter, DeadLetter):
                 key = (letter.source_key or "").encode()
                 deliveries.append(await dlq.send(key=key, value=encode(letter)))
-                m.dead_letters.labels(name, letter.error_kind).inc()
+                metrics.dead_letters.labels(name, letter.error_kind).inc()
         await asyncio.gather(*deliveries)  # dead letters are durable before offsets move
         await sink.write_unseen(fresh, now=now)
         valid_count.inc(len(result.valid))
         dead_count.inc(len(result.dead))
 
     processor = f"ingest.{spec.name}"
-    errors = m.errors.labels(processor)
+    errors = metrics.errors.labels(processor)
 
     async def ingest(stream: Any) -> None:
         # noack_take, not take_events: take_events acks a batch in a finally block, so a
@@ -237,7 +237,7 @@ def _add_ingest(
 
 
 def _add_lag_timer(
-    app: faust.App, config: WorkerConfig, m: IngestMetrics, sources: list[TopicSpec]
+    app: faust.App, config: WorkerConfig, metrics: IngestMetrics, sources: list[TopicSpec]
 ) -> None:
     topics = [config.topic_prefix + spec.name for spec in sources]
 
@@ -245,11 +245,11 @@ def _add_lag_timer(
         try:
             lag = await fetch_lag(config.bootstrap, config.app_id, topics)
         except Exception as exc:  # a metric must never stop the worker
-            m.lag_errors.inc()
+            metrics.lag_errors.inc()
             log.warning("consumer lag not measured: %r", exc)
             return
         for topic, messages in lag.items():
-            m.lag.labels(topic).set(messages)
+            metrics.lag.labels(topic).set(messages)
 
     app.timer(interval=config.lag_interval_s, name="consumer_lag")(consumer_lag)
 

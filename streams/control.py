@@ -16,15 +16,15 @@ from streams.outputs import Outputs
 
 
 def add_control(
-    app: faust.App, w: ControlWiring, outputs: Outputs, registry: CollectorRegistry
+    app: faust.App, wiring: ControlWiring, outputs: Outputs, registry: CollectorRegistry
 ) -> list[TopicSpec]:
     """Register ``control.plan`` on ``app``; returns the topics it reads."""
-    planner = ControlPlanner(w)
-    specs = {w.topic_prefix + s.name: s for s in (SERVING, PDU, ACCELERATOR)}
+    planner = ControlPlanner(wiring)
+    specs = {wiring.topic_prefix + s.name: s for s in (SERVING, PDU, ACCELERATOR)}
     source = app.topic(*specs, value_type=bytes, key_type=bytes)
 
     async def plan(stream: Any) -> None:
-        async for events in stream.take_events(5_000, within=w.batch_within_s):
+        async for events in stream.take_events(5_000, within=wiring.batch_within_s):
             for e in events:
                 try:
                     value = decode(e.message.value, specs[e.message.topic].value_type)

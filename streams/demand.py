@@ -18,14 +18,14 @@ from streams.outputs import Outputs
 
 
 def add_demand(
-    app: faust.App, w: DemandWiring, outputs: Outputs, registry: CollectorRegistry
+    app: faust.App, wiring: DemandWiring, outputs: Outputs, registry: CollectorRegistry
 ) -> list[TopicSpec]:
     """Register ``demand.plan`` on ``app``; returns the topics it reads."""
-    planner = DemandPlanner(w)
+    planner = DemandPlanner(wiring)
     clock = EventClock()
-    names = [w.topic_prefix + DEMAND.name, w.topic_prefix + SERVING.name]
+    names = [wiring.topic_prefix + DEMAND.name, wiring.topic_prefix + SERVING.name]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
-    forecasts = app.topic(w.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
+    forecasts = app.topic(wiring.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
     timer = outputs.metrics.scoring.labels("demand_forecast")
 
     async def plan(stream: Any) -> None:
@@ -45,7 +45,7 @@ def add_demand(
                     timer.observe(time.perf_counter() - started)
                 for f in made:
                     await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
-                await outputs.publish(decide_warm(step, w) for step in steps)
+                await outputs.publish(decide_warm(step, wiring) for step in steps)
 
     plan.__name__ = plan.__qualname__ = "demand.plan"
     app.agent(source, name="demand.plan", concurrency=1)(plan)

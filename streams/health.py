@@ -76,20 +76,20 @@ def add_health(
     return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]
 
 
-def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
-    detector = isolation.detector(w)
-    names = [w.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
+def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) -> None:
+    detector = isolation.detector(wiring)
+    names = [wiring.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
-    verdicts = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    verdicts = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
     kinds: dict[str, tuple[type[Any], Any]] = {
-        names[0]: (AcceleratorTelemetry, m.scoring.labels("health_device")),
-        names[1]: (NodeHealth, m.scoring.labels("health_node")),
-        names[2]: (ServingMetrics, m.scoring.labels("health_peers")),
+        names[0]: (AcceleratorTelemetry, metrics.scoring.labels("health_device")),
+        names[1]: (NodeHealth, metrics.scoring.labels("health_node")),
+        names[2]: (ServingMetrics, metrics.scoring.labels("health_peers")),
     }
-    by_status = {s: m.verdicts.labels(s.value) for s in HealthStatus}
+    by_status = {s: metrics.verdicts.labels(s.value) for s in HealthStatus}
 
     async def detect(stream: Any) -> None:
-        async for events in stream.take_events(5_000, within=w.batch_within_s):
+        async for events in stream.take_events(5_000, within=wiring.batch_within_s):
             out: list[Verdict] = []
             newest: datetime | None = None
             received = time.monotonic()
@@ -98,7 +98,7 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
                 try:
                     value = decode(e.message.value, value_type)
                 except DecodeError:
-                    m.skipped.inc()
+                    metrics.skipped.inc()
                     continue
                 appended = datetime.fromtimestamp(e.message.timestamp, UTC)
                 started = time.perf_counter()
@@ -113,29 +113,31 @@ def _add_detector(app: faust.App, w: HealthWiring, m: HealthMetrics) -> None:
             for v in out:
                 await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
                 by_status[v.status].inc()
-            m.devices.set(len(detector.devices))
+            metrics.devices.set(len(detector.devices))
 
     detect.__name__ = detect.__qualname__ = "health.detect"
     app.agent(source, name="health.detect", concurrency=1)(detect)
 
 
-def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics, outputs: Outputs) -> None:
-    ladder = isolation.ladder(w)
+def _add_isolation(
+    app: faust.App, wiring: HealthWiring, metrics: HealthMetrics, outputs: Outputs
+) -> None:
+    ladder = isolation.ladder(wiring)
     clock = EventClock()
-    source = app.topic(w.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    source = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
 
     async def publish(steps: list[LadderDecision], now: datetime) -> None:
-        await outputs.publish(decide(step, now, w) for step in steps)
-        m.isolated.set(len(ladder.guard.state.isolated))
-        m.locked_out.set(1 if ladder.guard.state.locked_out else 0)
+        await outputs.publish(decide(step, now, wiring) for step in steps)
+        metrics.isolated.set(len(ladder.guard.state.isolated))
+        metrics.locked_out.set(1 if ladder.guard.state.locked_out else 0)
 
     async def isolate(stream: Any) -> None:
-        async for events in stream.take_events(1_000, within=w.batch_within_s):
+        async for events in stream.take_events(1_000, within=wiring.batch_within_s):
             for e in events:
                 try:
                     v = decode(e.message.value, Verdict)
                 except DecodeError:
-                    m.skipped.inc()
+                    metrics.skipped.inc()
                     continue
                 clock.observe(v.observed_at, time.monotonic())
                 now = clock.now(time.monotonic())
@@ -169,6 +171,6 @@ def _add_isolation(app: faust.App, w: HealthWiring, m: HealthMetrics, outputs: O
         async def post(self, request: Any) -> Any:
             was = ladder.guard.state.locked_out
             ladder.guard.reset()
-            m.locked_out.set(0)
+            metrics.locked_out.set(0)
             log.warning("guardrail reset by a person (was locked out: %s)", was)
             return self.json({"locked_out": False, "was_locked_out": was})

@@ -53,12 +53,12 @@ class FakeNvml(SimpleNamespace):
     def _err(self, code: int) -> Exception:
         return cast(Exception, pynvml.NVMLError(code))
 
-    def _gpu(self, h: FakeGpu, fn: str) -> FakeGpu:
-        if h.lost:
+    def _gpu(self, handle: FakeGpu, fn: str) -> FakeGpu:
+        if handle.lost:
             raise self._err(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if fn in h.unsupported:
+        if fn in handle.unsupported:
             raise self._err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return h
+        return handle
 
     def nvmlInit(self) -> None:
         self.initialised += 1
@@ -69,79 +69,81 @@ class FakeNvml(SimpleNamespace):
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
-        return self.gpus[i]
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
-        return h.uuid
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+        return handle.uuid
 
-    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
-        return h.name
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+        return handle.name
 
-    def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return self._gpu(h, "nvmlDeviceGetTemperature").temp_c
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temp_c
 
-    def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
-        return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
-        return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").limit_mw
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").limit_mw
 
-    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: FakeGpu) -> list[int]:
-        return list(self._gpu(h, "nvmlDeviceGetPowerManagementLimitConstraints").constraints_mw)
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: FakeGpu) -> list[int]:
+        return list(
+            self._gpu(handle, "nvmlDeviceGetPowerManagementLimitConstraints").constraints_mw
+        )
 
-    def nvmlDeviceSetPowerManagementLimit(self, h: FakeGpu, mw: int) -> None:
-        g = self._gpu(h, "nvmlDeviceSetPowerManagementLimit")
+    def nvmlDeviceSetPowerManagementLimit(self, handle: FakeGpu, mw: int) -> None:
+        g = self._gpu(handle, "nvmlDeviceSetPowerManagementLimit")
         if not g.root:
             raise self._err(pynvml.NVML_ERROR_NO_PERMISSION)
         g.limit_mw = mw
 
-    def nvmlDeviceGetClockInfo(self, h: FakeGpu, kind: int) -> int:
-        g = self._gpu(h, "nvmlDeviceGetClockInfo")
+    def nvmlDeviceGetClockInfo(self, handle: FakeGpu, kind: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetClockInfo")
         return g.sm_mhz if kind == pynvml.NVML_CLOCK_SM else g.mem_mhz
 
-    def nvmlDeviceGetMaxClockInfo(self, h: FakeGpu, kind: int) -> int:
-        return self._gpu(h, "nvmlDeviceGetMaxClockInfo").max_sm_mhz
+    def nvmlDeviceGetMaxClockInfo(self, handle: FakeGpu, kind: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxClockInfo").max_sm_mhz
 
-    def nvmlDeviceSetGpuLockedClocks(self, h: FakeGpu, lo: int, hi: int) -> None:
-        g = self._gpu(h, "nvmlDeviceSetGpuLockedClocks")
+    def nvmlDeviceSetGpuLockedClocks(self, handle: FakeGpu, lo: int, hi: int) -> None:
+        g = self._gpu(handle, "nvmlDeviceSetGpuLockedClocks")
         if not g.root:
             raise self._err(pynvml.NVML_ERROR_NO_PERMISSION)
         g.locked_clocks = (lo, hi)
 
-    def nvmlDeviceResetGpuLockedClocks(self, h: FakeGpu) -> None:
-        self._gpu(h, "nvmlDeviceResetGpuLockedClocks").locked_clocks = None
+    def nvmlDeviceResetGpuLockedClocks(self, handle: FakeGpu) -> None:
+        self._gpu(handle, "nvmlDeviceResetGpuLockedClocks").locked_clocks = None
 
-    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
-        g = self._gpu(h, "nvmlDeviceGetUtilizationRates")
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
         return SimpleNamespace(gpu=g.util[0], memory=g.util[1])
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
-        g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         used, total = g.memory
         return SimpleNamespace(used=used, total=total, free=total - used)
 
-    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, kind: int, counter: int) -> int:
-        return self._gpu(h, "nvmlDeviceGetTotalEccErrors").ecc.get((kind, counter), 0)
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, kind: int, counter: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTotalEccErrors").ecc.get((kind, counter), 0)
 
-    def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple[int, int, int, int]:
-        return self._gpu(h, "nvmlDeviceGetRemappedRows").remapped
+    def nvmlDeviceGetRemappedRows(self, handle: FakeGpu) -> tuple[int, int, int, int]:
+        return self._gpu(handle, "nvmlDeviceGetRemappedRows").remapped
 
-    def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list[int]:
-        g = self._gpu(h, "nvmlDeviceGetRetiredPages")
+    def nvmlDeviceGetRetiredPages(self, handle: FakeGpu, cause: int) -> list[int]:
+        g = self._gpu(handle, "nvmlDeviceGetRetiredPages")
         if g.retired is None:
             raise self._err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g.retired.get(cause, [])
 
-    def nvmlDeviceGetPcieReplayCounter(self, h: FakeGpu) -> int:
-        return self._gpu(h, "nvmlDeviceGetPcieReplayCounter").pcie_replays
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
-        return self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons").reasons
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").reasons
 
-    def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[int]) -> list[Any]:
-        g = self._gpu(h, "nvmlDeviceGetFieldValues")
+    def nvmlDeviceGetFieldValues(self, handle: FakeGpu, ids: list[int]) -> list[Any]:
+        g = self._gpu(handle, "nvmlDeviceGetFieldValues")
         out = []
         for i in ids:
             ok = i in g.fields
@@ -158,8 +160,8 @@ class FakeNvml(SimpleNamespace):
     def nvmlEventSetCreate(self) -> object:
         return object()
 
-    def nvmlDeviceRegisterEvents(self, h: FakeGpu, kinds: int, events: object) -> None:
-        self._gpu(h, "nvmlDeviceRegisterEvents")
+    def nvmlDeviceRegisterEvents(self, handle: FakeGpu, kinds: int, events: object) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
 
     def nvmlEventSetWait(self, events: object, timeout_ms: int) -> Any:
         if not self.xid_queue:

@@ -116,9 +116,9 @@ def seed(store: ClickHouseStore) -> Seeded:
         offsets[spec.name] = offsets.get(spec.name, -1) + 1
         records.append((value, Coordinates(spec.name, 0, offsets[spec.name])))
 
-    def command(spec: TopicSpec, c: Command) -> None:
-        add(spec, c)
-        result = dispatcher.handle(c, now=sim.now, received_at=sim.now)
+    def command(spec: TopicSpec, command: Command) -> None:
+        add(spec, command)
+        result = dispatcher.handle(command, now=sim.now, received_at=sim.now)
         assert result is not None
         add(COMMAND_RESULTS, result)
 

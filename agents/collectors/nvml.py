@@ -152,62 +152,72 @@ class NvmlGpuReader:
                 self.lost.add(u)
         return out
 
-    def _sample(self, u: str, h: Any, now: datetime, xid: int | None) -> AcceleratorTelemetry:
+    def _sample(
+        self, device_uuid: str, handle: Any, now: datetime, xid: int | None
+    ) -> AcceleratorTelemetry:
         nvml, opt = self.nvml, self.session.optional
-        watts = _scaled(opt(nvml.nvmlDeviceGetPowerUsage, h), 1e-3)
-        limit = _scaled(opt(nvml.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3)
-        limits_mw = opt(nvml.nvmlDeviceGetPowerManagementLimitConstraints, h)
-        util = opt(nvml.nvmlDeviceGetUtilizationRates, h)
-        memory = opt(nvml.nvmlDeviceGetMemoryInfo, h)
+        watts = _scaled(opt(nvml.nvmlDeviceGetPowerUsage, handle), 1e-3)
+        limit = _scaled(opt(nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1e-3)
+        limits_mw = opt(nvml.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        util = opt(nvml.nvmlDeviceGetUtilizationRates, handle)
+        memory = opt(nvml.nvmlDeviceGetMemoryInfo, handle)
         corrected, uncorrected = (
             nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
             nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
         )
         volatile, aggregate = nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC
-        remapped = opt(nvml.nvmlDeviceGetRemappedRows, h)
-        retired = self._retired_pages(h)
+        remapped = opt(nvml.nvmlDeviceGetRemappedRows, handle)
+        retired = self._retired_pages(handle)
         id_ = self.identity
         return AcceleratorTelemetry(
             event_id=self.new_id(),
             observed_at=now,
             node_id=id_.node_id,
-            device_uuid=u,
-            device_index=self.session.indexes[u],
-            accelerator_type=self.types[u],
+            device_uuid=device_uuid,
+            device_index=self.session.indexes[device_uuid],
+            accelerator_type=self.types[device_uuid],
             region=id_.region,
             pod_id=id_.pod_id,
             rack_id=id_.rack_id,
             pdu_id=id_.pdu_id,
-            gpu_temp_celsius=opt(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
-            memory_temp_celsius=self._field(h, nvml.NVML_FI_DEV_MEMORY_TEMP),
+            gpu_temp_celsius=opt(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+            memory_temp_celsius=self._field(handle, nvml.NVML_FI_DEV_MEMORY_TEMP),
             power_usage_watts=watts,
             power_limit_watts=limit,
             power_limit_min_watts=None if limits_mw is None else limits_mw[0] / 1000,
             power_limit_max_watts=None if limits_mw is None else limits_mw[1] / 1000,
-            sm_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
-            mem_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM),
+            sm_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+            mem_clock_mhz=opt(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
             gpu_util_ratio=None if util is None else util.gpu / 100.0,
             mem_copy_util_ratio=None if util is None else util.memory / 100.0,
             fb_used_bytes=None if memory is None else int(memory.used),
             fb_total_bytes=None if memory is None else int(memory.total),
-            ecc_sbe_volatile_total=opt(nvml.nvmlDeviceGetTotalEccErrors, h, corrected, volatile),
-            ecc_dbe_volatile_total=opt(nvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, volatile),
-            ecc_sbe_aggregate_total=opt(nvml.nvmlDeviceGetTotalEccErrors, h, corrected, aggregate),
+            ecc_sbe_volatile_total=opt(
+                nvml.nvmlDeviceGetTotalEccErrors, handle, corrected, volatile
+            ),
+            ecc_dbe_volatile_total=opt(
+                nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, volatile
+            ),
+            ecc_sbe_aggregate_total=opt(
+                nvml.nvmlDeviceGetTotalEccErrors, handle, corrected, aggregate
+            ),
             ecc_dbe_aggregate_total=opt(
-                nvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, aggregate
+                nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, aggregate
             ),
             retired_pages_total=retired,
             remapped_rows_total=None if remapped is None else int(remapped[0] + remapped[1]),
             xid_last=xid,
-            pcie_replay_total=opt(nvml.nvmlDeviceGetPcieReplayCounter, h),
-            nvlink_errors_total=self._field(h, nvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL),
-            clock_throttle_reasons=self._clock_reasons(h),
+            pcie_replay_total=opt(nvml.nvmlDeviceGetPcieReplayCounter, handle),
+            nvlink_errors_total=self._field(
+                handle, nvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+            ),
+            clock_throttle_reasons=self._clock_reasons(handle),
         )
 
-    def _retired_pages(self, h: Any) -> int | None:
+    def _retired_pages(self, handle: Any) -> int | None:
         nvml, opt = self.nvml, self.session.optional
         pages = [
-            opt(nvml.nvmlDeviceGetRetiredPages, h, cause)
+            opt(nvml.nvmlDeviceGetRetiredPages, handle, cause)
             for cause in (
                 nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
                 nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
@@ -217,16 +227,16 @@ class NvmlGpuReader:
             return None  # row remapping replaced page retirement (Ampere and later)
         return sum(len(p) for p in pages if p is not None)
 
-    def _clock_reasons(self, h: Any) -> int | None:
+    def _clock_reasons(self, handle: Any) -> int | None:
         nvml, opt = self.nvml, self.session.optional
         fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
-        return None if fn is None else opt(fn, h)
+        return None if fn is None else opt(fn, handle)
 
-    def _field(self, h: Any, field_id: int) -> float | None:
+    def _field(self, handle: Any, field_id: int) -> float | None:
         """A field value, or None when the driver does not report it for this device."""
-        values = self.session.optional(self.nvml.nvmlDeviceGetFieldValues, h, [field_id])
+        values = self.session.optional(self.nvml.nvmlDeviceGetFieldValues, handle, [field_id])
         if not values or values[0].nvmlReturn != self.nvml.NVML_SUCCESS:
             return None
         v = values[0]

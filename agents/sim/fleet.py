@@ -195,40 +195,40 @@ class Fleet:
                 self.router.record_step(dev, (dev.model, dev.node.region), at, dt)
         self._racks(active, t)
 
-    def _apply_node_faults(self, active: ActiveFaults, t: float) -> None:
+    def _apply_node_faults(self, active: ActiveFaults, at_s: float) -> None:
         for node in self.nodes:
             crashed = node.node_id in active.crashed_nodes
             if node.crashed and not crashed:  # reboot: models reload before serving
-                self._reboot(node, t)
+                self._reboot(node, at_s)
             node.crashed = crashed
         for dev in self.devices.values():
             if (dev.failed or dev.lost) and dev.uuid in active.repaired:
-                self._repair(dev, t)
+                self._repair(dev, at_s)
 
-    def _reboot(self, node: Node, t: float) -> None:
-        node.booted_at_s = t
+    def _reboot(self, node: Node, at_s: float) -> None:
+        node.booted_at_s = at_s
         for dev in node.devices:
-            self._cold_start(dev, t)
+            self._cold_start(dev, at_s)
 
-    def _repair(self, dev: Device, t: float) -> None:
+    def _repair(self, dev: Device, at_s: float) -> None:
         """The device was swapped: a sound one, starting cold."""
         dev.failed = dev.lost = False
         dev.thermal_clock = 1.0
-        self._cold_start(dev, t)
+        self._cold_start(dev, at_s)
 
     @staticmethod
-    def _cold_start(dev: Device, t: float) -> None:
+    def _cold_start(dev: Device, at_s: float) -> None:
         """Power on: empty queue, cool, volatile counters cleared, its model reloading."""
         dev.queue = 0.0
         dev.temp_celsius = INLET_CELSIUS + 10.0
         dev.sbe_volatile = dev.dbe_volatile = 0
         if dev.model is not None:
-            dev.ready_at_s = t + dev.spec.load_time_s(MODELS[dev.model])
+            dev.ready_at_s = at_s + dev.spec.load_time_s(MODELS[dev.model])
 
-    def _runs_batch(self, dev: Device, t: float) -> bool:
+    def _runs_batch(self, dev: Device, at_s: float) -> bool:
         return (
             dev.model is not None
-            and dev.serving(t)
+            and dev.serving(at_s)
             and not (dev.lost or dev.failed or dev.node.down)
             and self.device_weight(dev) > 0
         )
@@ -249,16 +249,16 @@ class Fleet:
             return dev.weight_ratio
         return 0.0
 
-    def _route(self, active: ActiveFaults, t: float) -> None:
+    def _route(self, active: ActiveFaults, at_s: float) -> None:
         for dev in self.devices.values():
             dev.offered_rps = dev.rejected = dev.errors = 0.0
             dev.batch_offered_rps = dev.batch_rps = 0.0
         self.offered.clear()
         self.unserved.clear()
         candidates: dict[tuple[str, str], list[tuple[Device, float]]] = {}
-        at = self.start + timedelta(seconds=t)
+        at = self.start + timedelta(seconds=at_s)
         for dev in self.devices.values():
-            if dev.model is None or not dev.serving(t) or dev.lost:
+            if dev.model is None or not dev.serving(at_s) or dev.lost:
                 continue
             # the router balances by replica capacity (what a least-loaded policy converges to)
             m = MODELS[dev.model]
@@ -271,7 +271,7 @@ class Fleet:
                 candidates.setdefault((dev.model, dev.node.region), []).append((dev, w))
         for model in MODELS:
             for region in REGIONS:
-                o = self.demand.at(model, region, t)
+                o = self.demand.at(model, region, at_s)
                 rps = self.scale.get((model, region), 0.0) * o.rps
                 rps = rps * active.demand_factor(model, region) + active.cold_rps(model, region)
                 rps += self.router.retries.pop((model, region), 0.0)
@@ -295,14 +295,14 @@ class Fleet:
                     dev.offered_rps += rps * w / total * admit
                     dev.rejected += rps * w / total * (1.0 - admit)
 
-    def _serve(self, dev: Device, active: ActiveFaults, t: float, dt: float) -> None:
+    def _serve(self, dev: Device, active: ActiveFaults, at_s: float, dt: float) -> None:
         if dev.node.down or dev.lost:
             dev.busy_ratio = dev.served_rps = dev.batch = 0.0
             dev.power_watts = 0.0
             return
         health = dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
         dev.clock_ratio = min(dev.clock_ceiling, dev.cap_clock)
-        if dev.model is None or not dev.serving(t):
+        if dev.model is None or not dev.serving(at_s):
             loading = dev.model is not None
             dev.busy_ratio = 0.3 if loading else 0.0
             dev.served_rps = dev.batch = dev.queue = 0.0
@@ -388,7 +388,7 @@ class Fleet:
             self.faults.record(t_s=self.t_s, what="device_lost_overheat", target=dev.uuid)
             dev.xid = 79 if hw.reports_xid else None
 
-    def _errors(self, dev: Device, active: ActiveFaults, t: float, dt: float) -> None:
+    def _errors(self, dev: Device, active: ActiveFaults, at_s: float, dt: float) -> None:
         if dev.lost:
             return
         dev.xid = None
@@ -407,12 +407,12 @@ class Fleet:
             else:
                 dev.retired_pages += 1
             dev.xid = 48 if dev.spec.reports_xid else None
-            self.faults.record(t_s=t, what="double_bit_ecc", target=dev.uuid)
+            self.faults.record(t_s=at_s, what="double_bit_ecc", target=dev.uuid)
         xid = active.xid.get(dev.uuid)
         if xid is not None and dev.spec.reports_xid and self.rng.random() < dt / xid[1]:
             dev.xid = xid[0]
 
-    def _racks(self, active: ActiveFaults, t: float) -> None:
+    def _racks(self, active: ActiveFaults, at_s: float) -> None:
         for rack in self.racks:
             was_tripped = rack.tripped
             rack.limit_ratio = active.breaker_ratio.get(rack.rack_id, 1.0)
@@ -424,20 +424,20 @@ class Fleet:
             )
             trip_after_s = active.trip_after_s.get(rack.rack_id, 10.0)
             if rack.power_watts > rack.effective_limit_watts and not rack.tripped:
-                rack.over_since_s = rack.over_since_s if rack.over_since_s is not None else t
-                if t - rack.over_since_s >= trip_after_s:
+                rack.over_since_s = rack.over_since_s if rack.over_since_s is not None else at_s
+                if at_s - rack.over_since_s >= trip_after_s:
                     rack.tripped = True
-                    self.faults.record(t_s=t, what="breaker_trip", target=rack.rack_id)
+                    self.faults.record(t_s=at_s, what="breaker_trip", target=rack.rack_id)
             elif rack.power_watts <= rack.effective_limit_watts:
                 if rack.over_since_s is not None and not rack.tripped:  # how close it came
                     self.faults.record(
-                        t_s=t, what="over_breaker_limit", target=rack.rack_id,
-                        duration_s=round(t - rack.over_since_s, 3), trip_after_s=trip_after_s,
+                        t_s=at_s, what="over_breaker_limit", target=rack.rack_id,
+                        duration_s=round(at_s - rack.over_since_s, 3), trip_after_s=trip_after_s,
                     )  # fmt: skip
                 rack.over_since_s = None
             for node in rack.nodes:
                 if was_tripped and not rack.tripped:
-                    self._reboot(node, t)
+                    self._reboot(node, at_s)
                 node.tripped = rack.tripped
 
 

@@ -95,9 +95,9 @@ class Simulation:
         d = self.scenario.duration_s
         return None if d is None else max(1, round(d / self.fleet.interval_s))
 
-    def tick(self, n: int) -> list[Record]:
-        """Advance one step and return its telemetry (``n`` is informational)."""
-        del n
+    def tick(self, tick: int) -> list[Record]:
+        """Advance one step and return its telemetry (``tick`` is informational)."""
+        del tick
         self.fleet.step()
         return self.telemetry.events()
 

@@ -44,10 +44,10 @@ class TelemetryBuilder:
     def _id(self) -> uuid.UUID:
         return uuid.UUID(int=self.rng.getrandbits(128), version=4)
 
-    def _count(self, x: float) -> int:
+    def _count(self, value: float) -> int:
         """Stochastic rounding: E[count] == x."""
-        whole = int(x)
-        return whole + (1 if self.rng.random() < x - whole else 0)
+        whole = int(value)
+        return whole + (1 if self.rng.random() < value - whole else 0)
 
     def events(self) -> list[Record]:
         """Every event of the step just taken, in a fixed order."""

@@ -115,6 +115,6 @@ def until(
 
 
 def at_least(
-    rows: list[Any], n: int, *, count: Callable[[list[Any]], int] = len
+    rows: list[Any], minimum: int, *, count: Callable[[list[Any]], int] = len
 ) -> list[Any] | None:
-    return rows if count(rows) >= n else None
+    return rows if count(rows) >= minimum else None

@@ -70,17 +70,17 @@ def test_ticks_sent_while_the_broker_is_down_arrive_after_it_returns(tmp_path: P
         drained = asyncio.Event()
         deadline = [0.0]
 
-        def outage(n: int, _sent: int) -> None:
-            spooled_after[n] = len(spool.segments())
-            if n == 0:
+        def outage(count: int, _sent: int) -> None:
+            spooled_after[count] = len(spool.segments())
+            if count == 0:
                 broker.down()
-            if n == 2:  # up() runs its own event loop: not inside the agent's
+            if count == 2:  # up() runs its own event loop: not inside the agent's
                 restart = threading.Thread(target=broker.up)
                 restart.start()
                 restart.join()
                 deadline[0] = time.monotonic() + RECOVERY_DEADLINE_S
             # ticks go on until the spool is empty again (a condition, not a tick count)
-            if n > 2 and (spooled_after[n] == 0 or time.monotonic() > deadline[0]):
+            if count > 2 and (spooled_after[count] == 0 or time.monotonic() > deadline[0]):
                 drained.set()
 
         async def run() -> int:

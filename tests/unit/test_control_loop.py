@@ -176,12 +176,12 @@ def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
     assert wanted and abs(wanted[-1] - (0.99 - 64 / 102.4)) < 0.05
 
 
-def _serve(planner: ControlPlanner, k: int, replica: str, model: str, tpot: float,
+def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
            requests: int) -> list[ThrottleOutput]:  # fmt: skip
     return planner.serving(
         ServingMetrics(
             event_id=uuid.uuid4(),
-            observed_at=START + timedelta(seconds=5 * k),
+            observed_at=START + timedelta(seconds=5 * second),
             replica_id=replica,
             node_id="node-00000",
             model=model,
@@ -277,9 +277,9 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
     # and less batch work waits at the end
     kept: list[float] = []
 
-    def watch_kept(s: Simulation) -> None:
-        if 150 <= s.fleet.t_s <= 400:
-            serving = [d for d in _rack_devices(s, 0) if d.served_rps > 0]
+    def watch_kept(sim: Simulation) -> None:
+        if 150 <= sim.fleet.t_s <= 400:
+            serving = [d for d in _rack_devices(sim, 0) if d.served_rps > 0]
             kept.append(sum(d.tpot_s for d in serving) / len(serving))
 
     still, _ = _run(controlled=True, batch_ratio=0.1, move_batch=False, each_step=watch_kept)

@@ -21,9 +21,9 @@ from tests.factories import START
 KEYS = {"k-old": b"old-secret", "k-new": b"new-secret"}
 
 
-def _command(*, ttl_s: float = 30.0, key_id: str = "k-new", n: int = 1) -> RouteCommand:
+def _command(*, ttl_s: float = 30.0, key_id: str = "k-new", number: int = 1) -> RouteCommand:
     unsigned = RouteCommand(
-        command_id=uuid.UUID(int=n),
+        command_id=uuid.UUID(int=number),
         issued_at=START,
         expires_at=START + timedelta(seconds=ttl_s),
         issuer="health",
@@ -105,12 +105,12 @@ def test_a_forged_copy_cannot_block_the_real_command() -> None:
 def test_transient_failures_can_be_retried_permanent_ones_cannot() -> None:
     gate = CommandGate(keys=KEYS)
     flaky = Recorder(fail=TransientActuatorError("NVML busy", retry_after_s=2.5))
-    result = _run(_command(n=7), gate, flaky)
+    result = _run(_command(number=7), gate, flaky)
     assert (result.status, result.retry_after_s) == (ResultStatus.FAILED_TRANSIENT, 2.5)
-    assert _run(_command(n=7), gate, Recorder()).status is ResultStatus.APPLIED
+    assert _run(_command(number=7), gate, Recorder()).status is ResultStatus.APPLIED
     broken = Recorder(fail=PermanentActuatorError("no such device"))
-    assert _run(_command(n=8), gate, broken).status is ResultStatus.FAILED_PERMANENT
-    assert _run(_command(n=8), gate, Recorder()).status is ResultStatus.DUPLICATE
+    assert _run(_command(number=8), gate, broken).status is ResultStatus.FAILED_PERMANENT
+    assert _run(_command(number=8), gate, Recorder()).status is ResultStatus.DUPLICATE
 
 
 def test_a_buggy_actuator_still_yields_a_result() -> None:
@@ -122,10 +122,10 @@ def test_a_buggy_actuator_still_yields_a_result() -> None:
 def test_replay_memory_is_bounded_by_expiry_and_survives_a_restart() -> None:
     gate, actuator = CommandGate(keys=KEYS), Recorder()
     for n in range(1, 4):
-        _run(_command(n=n, ttl_s=10 * n), gate, actuator)
+        _run(_command(number=n, ttl_s=10 * n), gate, actuator)
     assert gate.seen.prune(START + timedelta(seconds=15)) == 1  # command 1 expired at 10 s
     restored = CommandGate(keys=KEYS, seen=SeenCommands.from_json(gate.seen.to_json()))
-    assert _run(_command(n=2, ttl_s=20), restored, actuator, at_s=16).status is (
+    assert _run(_command(number=2, ttl_s=20), restored, actuator, at_s=16).status is (
         ResultStatus.DUPLICATE
     )
     assert len(restored.seen.until) == 2

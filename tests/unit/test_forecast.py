@@ -18,10 +18,11 @@ from fleetloop.cli import main
 from models.forecast import Band, DemandForecaster
 
 
-def _seasonal(n: int, season: int = 24, seed: int = 5) -> list[float]:
+def _seasonal(count: int, season: int = 24, seed: int = 5) -> list[float]:
     rng = random.Random(seed)
     return [
-        max(0.0, 100 + 60 * math.sin(2 * math.pi * t / season) + rng.gauss(0, 4)) for t in range(n)
+        max(0.0, 100 + 60 * math.sin(2 * math.pi * t / season) + rng.gauss(0, 4))
+        for t in range(count)
     ]
 
 
@@ -90,8 +91,8 @@ def test_warming_table(
 def test_cooling_waits_for_the_forecast_and_a_held_surplus() -> None:
     policy = WarmingPolicy(WarmingConfig(keep_steps=5, cool_after_steps=2))
 
-    def step(t: int, bands: dict[int, Band]) -> int:
-        return policy.step(step=t, bands=bands, ready=5, loading=0, capacity=600.0,
+    def step(index: int, bands: dict[int, Band]) -> int:
+        return policy.step(step=index, bands=bands, ready=5, loading=0, capacity=600.0,
                            load_steps=1, observed=500.0).replicas  # fmt: skip
 
     rising_later = {1: Band(500, 400, 600, "m"), 5: Band(2500, 2000, 2900, "m"),

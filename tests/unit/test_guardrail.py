@@ -29,8 +29,10 @@ def _guard(**config: float) -> Guardrail:
     return g
 
 
-def _isolate(g: Guardrail, device: str, at_s: float = 1.0) -> GuardReason:
-    return g.check(Proposal(device, isolate=True), now=START + timedelta(seconds=at_s)).reason
+def _isolate(guardrail: Guardrail, device: str, at_s: float = 1.0) -> GuardReason:
+    return guardrail.check(
+        Proposal(device, isolate=True), now=START + timedelta(seconds=at_s)
+    ).reason
 
 
 def test_blast_radius_caps_each_pool_and_rack() -> None:

@@ -40,8 +40,8 @@ def _ladder(**config: float) -> IsolationLadder:
     return IsolationLadder(LadderConfig(**config), guard)
 
 
-def _at(s: float):  # type: ignore[no-untyped-def]
-    return START + timedelta(seconds=s)
+def _at(seconds: float):  # type: ignore[no-untyped-def]
+    return START + timedelta(seconds=seconds)
 
 
 def test_hard_fault_quarantines_at_once() -> None:

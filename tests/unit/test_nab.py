@@ -28,8 +28,8 @@ from models.univariate import StreamScorer, WindowedGaussian
 T0 = datetime(2024, 1, 1)
 
 
-def _times(n: int) -> list[datetime]:
-    return [T0 + timedelta(minutes=5 * i) for i in range(n)]
+def _times(count: int) -> list[datetime]:
+    return [T0 + timedelta(minutes=5 * i) for i in range(count)]
 
 
 def test_scaled_sigmoid_matches_the_documented_values() -> None:

@@ -2,7 +2,7 @@
 
 Every ingested topic's messages go through the ingest step (``streams.ingest.split``)
 and the sink's row conversion; every command topic's messages go through the
-executor host (``CommandDispatcher.handle_raw``: decode, ownership, gate, actuator).
+command dispatcher (``CommandDispatcher.handle_raw``: decode, ownership, gate, actuator).
 Each of at least 10,000 generated inputs per type must be accepted or refused
 with a reason; any other exception fails the test. What the ingest step accepts
 must also be storable: a sample of it goes through the real sink into the real
@@ -96,7 +96,7 @@ def test_every_ingested_message_is_accepted_or_dead_lettered(
 def test_every_command_message_gets_a_result_or_an_owner_elsewhere(spec: TopicSpec) -> None:
     sim = Simulation(Scenario(), start=START)
     sim.tick(0)
-    host = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     now = sim.fleet.now
     statuses: dict[str, int] = {}
     seeds = [c for c in _signed_commands(now) if isinstance(c, spec.value_type)]
@@ -104,7 +104,7 @@ def test_every_command_message_gets_a_result_or_an_owner_elsewhere(spec: TopicSp
     @FUZZ
     @given(raw=messages(spec.value_type, seeds))
     def one(raw: bytes) -> None:
-        result = host.handle_raw(spec, raw, now=now, received_at=now)
+        result = dispatcher.handle_raw(spec, raw, now=now, received_at=now)
         status = "no owner here" if result is None else result.status.value
         statuses[status] = statuses.get(status, 0) + 1
         if result is not None:
@@ -122,7 +122,7 @@ def test_every_command_message_gets_a_result_or_an_owner_elsewhere(spec: TopicSp
 
 
 def _signed_commands(now: datetime) -> list[Command]:
-    """Valid commands of every type, signed with the host's key: seeds the mutations start
+    """Valid commands of every type, signed with the executors' key: seeds the mutations start
     from, so signed-but-altered commands reach the gate's signature check."""
     device, pool = Target(device_uuid="node-00000-gpu0"), Target(pool="us-east-h100")
     return [

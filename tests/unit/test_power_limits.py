@@ -40,15 +40,17 @@ RANGES_WATTS = {  # (min, max): board power-limit ranges as their drivers report
 }
 
 
-def _telemetry(t: AcceleratorType, at_s: float, *, reported: bool = True) -> AcceleratorTelemetry:
-    low, high = RANGES_WATTS[t]
+def _telemetry(
+    accelerator: AcceleratorType, at_s: float, *, reported: bool = True
+) -> AcceleratorTelemetry:
+    low, high = RANGES_WATTS[accelerator]
     return AcceleratorTelemetry(
         event_id=uuid.uuid4(),
         observed_at=START + timedelta(seconds=at_s),
-        node_id=f"node-{t.value.lower()}",
-        device_uuid=f"dev-{t.value.lower()}" + ("" if reported else "-silent"),
+        node_id=f"node-{accelerator.value.lower()}",
+        device_uuid=f"dev-{accelerator.value.lower()}" + ("" if reported else "-silent"),
         device_index=0,
-        accelerator_type=t,
+        accelerator_type=accelerator,
         region="us-east",
         pod_id="pod-0",
         rack_id="rack-0",
@@ -94,7 +96,7 @@ def test_caps_stay_inside_every_accelerator_types_range() -> None:
     assert "dev-h100-silent" not in capped  # no range reported: never capped
     for t in AcceleratorType:
         low, high = RANGES_WATTS[t]
-        floor = max(low, planner.w.min_cap_ratio * high)
+        floor = max(low, planner.wiring.min_cap_ratio * high)
         uuid_ = f"dev-{t.value.lower()}"
         assert uuid_ in capped, f"{t.value} was never capped"
         for c in caps:
@@ -111,7 +113,7 @@ def test_every_cap_on_the_simulated_fleet_is_applied_by_its_device() -> None:
     sim = Simulation(scenario, start=START)
     types = {d.spec.kind for n in sim.fleet.nodes for d in n.devices}
     assert types == set(ACCELERATORS)
-    host = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=2.0, min_cap_ratio=0.05))
     statuses: dict[ResultStatus, int] = {}
     for n in range(300):
@@ -119,7 +121,7 @@ def test_every_cap_on_the_simulated_fleet_is_applied_by_its_device() -> None:
             for o in planner.feed(event):
                 if o.command is None or o.command.action is not ThrottleAction.POWER_CAP:
                     continue
-                result = host.handle(o.command, now=sim.now, received_at=sim.now)
+                result = dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
                 assert result is not None
                 statuses[result.status] = statuses.get(result.status, 0) + 1
     assert statuses and set(statuses) == {ResultStatus.APPLIED}, statuses

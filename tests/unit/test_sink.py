@@ -31,10 +31,10 @@ from streams.sink import ClickHouseSink, Watermarks, batch_token
 from tests.factories import START, fleet_events, ingest_now, malformed_payloads, signed_command
 
 
-def _records(n: int, topic_prefix: str) -> list[tuple[Contract, Coordinates]]:
+def _records(count: int, topic_prefix: str) -> list[tuple[Contract, Coordinates]]:
     offsets: dict[str, int] = {}
     out = []
-    for spec, value in fleet_events(n):
+    for spec, value in fleet_events(count):
         topic = topic_prefix + spec.name
         offsets[topic] = offsets.get(topic, -1) + 1
         out.append((value, Coordinates(topic, 0, offsets[topic])))

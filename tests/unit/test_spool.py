@@ -5,10 +5,10 @@ import pytest
 from agents.spool import DiskSpool, SpooledRecord
 
 
-def _records(n: int, tag: str) -> list[SpooledRecord]:
+def _records(count: int, tag: str) -> list[SpooledRecord]:
     return [
         SpooledRecord("t.v1", None if i % 2 else f"k{i}".encode(), f"{tag}{i}".encode() * 10)
-        for i in range(n)
+        for i in range(count)
     ]
 
 
