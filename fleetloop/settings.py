@@ -3,7 +3,7 @@ at start-up.
 
 Every option is reachable by environment variable (``FLEETLOOP_<NAME>``, plus
 the two well-known ones ``KAFKA_BOOTSTRAP`` and ``CLICKHOUSE_URL``) and by a
-CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli`). The stream
+CLI flag (``--<name-with-dashes>``, see :mod:`fleetloop.cli.flags`). The stream
 worker's controller settings are nested groups, one per role, whose fields and
 defaults are the planners' own tuning classes (declared once, in
 :mod:`planning`): ``FLEETLOOP_CONTROL__TPOT_GUARD__HIGH_RATIO=0.9`` or

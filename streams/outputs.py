@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from planning.issuing import Output
 from planning.registry import CONTROLLERS, controller
 from schemas.codec import encode
+from schemas.commands import RouteCommand, ThrottleCommand, WarmCommand
 from schemas.topics import DECISIONS
 from schemas.verdicts import DecisionOutcome
 
@@ -85,11 +86,10 @@ class Outputs:
                         f"command {command.command_id} (issuer {command.issuer!r}) is not "
                         f"the command of decision {d.decision_id} ({d.controller!r})"
                     )
+                if not isinstance(command, RouteCommand | ThrottleCommand | WarmCommand):
+                    raise TypeError(f"{type(command).__name__} is not a command type we send")
                 topic = self.commands[spec.name]
                 await topic.send(key=spec.key_for(command), value=encode(command))
-                action = getattr(command, "action", None)
-                self.metrics.commands.labels(
-                    type(command).__name__, getattr(action, "value", str(action))
-                ).inc()
+                self.metrics.commands.labels(type(command).__name__, command.action.value).inc()
             await self.decisions.send(key=DECISIONS.key_for(d), value=encode(d))
             self.metrics.decisions.labels(d.controller, d.outcome.value, d.reason).inc()
