@@ -106,6 +106,7 @@ def run_eval_faults(
             ["sim", "--scenario", str(run.scenario), "--speed", str(run.speed),
              "--web-port", str(sim_port), "--topic-prefix", prefix,
              "--truth-file", str(home / "truth.jsonl"), "--spool-dir", "",
+             "--seen-file", str(home / "seen-commands.json"),
              "--group-id", f"eval-{run_id}-executors",
              *(["--nodes", str(run.nodes)] if run.nodes else [])],
             env,

@@ -313,7 +313,9 @@ def _clean(broker_settings: BrokerSettings, settings: SimSettings, *, own_broker
     """Start from nothing: an earlier run's topics, offsets and tables would be resumed
     (its commands expired, its telemetry stale, its decisions replayed)."""
     paths = [settings.clickhouse_dir, WORKER_DIR, Path("var/report.html")]
-    paths += [p for p in (settings.truth_file, settings.spool_dir) if p is not None]
+    paths += [
+        p for p in (settings.truth_file, settings.spool_dir, settings.seen_file) if p is not None
+    ]
     paths += [Path("var") / f"{name}.log" for name in ("worker", "sim")]
     if own_broker:
         LocalKafkaBroker(broker_settings).down()  # one an earlier --keep-running left up

@@ -4,6 +4,7 @@ command consumer, and the closed loop around a source."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,10 +15,43 @@ from prometheus_client import CollectorRegistry
 
 from agents.executors.consumer import CommandConsumer
 from agents.executors.dispatch import CommandDispatcher
+from agents.executors.gate import SeenCommands
 from agents.loop import LoopSource, LoopStats, run_closed_loop, serve_http
 from agents.publisher import KafkaPublisher
 from agents.spool import DiskSpool
 from fleetloop.settings import LoopSettings
+
+
+def load_seen(path: Path | None) -> SeenCommands:
+    """The replay memory a previous run left, so a redelivered command is a duplicate."""
+    if path is None or not path.exists():
+        return SeenCommands()
+    return SeenCommands.from_json(path.read_text())
+
+
+def save_seen(path: Path, seen: SeenCommands) -> None:
+    """Atomically: a crash mid-write leaves the previous memory, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(seen.to_json())
+    tmp.replace(path)
+
+
+def keep_seen(path: Path | None, seen: SeenCommands) -> Callable[[LoopStats], None]:
+    """The loop's ``on_published`` hook that saves the replay memory whenever results
+    went out: after the results, before the offsets are committed, so a crash in between
+    redelivers commands that were applied and remembered in memory only (power limits,
+    clocks, weights and ejections are idempotent; a warm applied twice is cooled back by
+    the demand planner's next step)."""
+    handled = 0
+
+    def keep(stats: LoopStats) -> None:
+        nonlocal handled
+        if path is not None and stats.results != handled:
+            save_seen(path, seen)
+            handled = stats.results
+
+    return keep
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -14,10 +13,10 @@ from agents.collectors.base import NodeIdentity
 from agents.collectors.nvml import NvmlGpuReader, NvmlNodeControl, NvmlSession
 from agents.executors.dispatch import CommandDispatcher, GatedExecutor
 from agents.executors.executors import NodeExecutor, Scope
-from agents.executors.gate import CommandGate, SeenCommands
+from agents.executors.gate import CommandGate
 from agents.gpu_node import GpuNode
 from agents.loop import LoopStats
-from fleetloop.loop import run_loop, wiring_for
+from fleetloop.loop import keep_seen, load_seen, run_loop, wiring_for
 from fleetloop.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -49,16 +48,6 @@ async def run_node_async(
     executor = GatedExecutor(
         "node-executor", NodeExecutor(control), gate, accepts=gpu_node.addressed_to_me
     )
-    handled = 0
-
-    def remember(stats: LoopStats) -> None:
-        # after the results are out, before the offsets are committed: a crash in between
-        # redelivers commands that were applied; power limits and clocks are idempotent
-        nonlocal handled
-        if settings.seen_file is not None and stats.results != handled:
-            save_seen(settings.seen_file, gate.seen)
-            handled = stats.results
-
     dispatcher = CommandDispatcher({Scope.NODE: executor}, registry=registry)
     wiring = wiring_for(
         settings,
@@ -73,24 +62,10 @@ async def run_node_async(
             ticks=settings.ticks,
             registry=registry,
             on_tick=on_tick,
-            on_published=remember,
+            on_published=keep_seen(settings.seen_file, seen),
         )
     finally:
         reader.close()  # frees its event set and shuts the shared session down
-
-
-def load_seen(path: Path | None) -> SeenCommands:
-    """The replay memory a previous run left, so a redelivered command is a duplicate."""
-    if path is None or not path.exists():
-        return SeenCommands()
-    return SeenCommands.from_json(path.read_text())
-
-
-def save_seen(path: Path, seen: SeenCommands) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(seen.to_json())
-    tmp.replace(path)
 
 
 def run_node(settings: NodeSettings) -> int:

@@ -170,6 +170,10 @@ class SimSettings(LoopSettings):
         "fleetloop-sim-executors", description="consumer group of the executors"
     )
     spool_dir: OptionalPath = Field(Path("var/sim-spool"), description="disk spool ('' disables)")
+    seen_file: OptionalPath = Field(
+        Path("var/sim/seen-commands.json"),
+        description="command ids already handled, kept across restarts ('' disables)",
+    )
 
 
 class DemoSettings(SimSettings):

@@ -11,12 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from agents.executors.dispatch import CommandDispatcher, GatedExecutor
 from agents.executors.executors import NodeExecutor, RouterExecutor, Scope, Warmer
-from agents.executors.gate import CommandGate
+from agents.executors.gate import CommandGate, SeenCommands
 from agents.loop import LoopStats
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario, load_scenario
 from agents.sim.simulation import Simulation
-from fleetloop.loop import run_loop, wiring_for
+from fleetloop.loop import keep_seen, load_seen, run_loop, wiring_for
 from fleetloop.settings import SimSettings
 
 log = logging.getLogger(__name__)
@@ -30,18 +30,20 @@ def build_simulation(settings: SimSettings, *, start: datetime | None = None) ->
 
 
 def build_dispatcher(
-    control: SimControl, keys: dict[str, bytes], registry: CollectorRegistry
+    control: SimControl,
+    keys: dict[str, bytes],
+    registry: CollectorRegistry,
+    *,
+    seen: SeenCommands | None = None,
 ) -> CommandDispatcher:
-    """All three executors on the simulated fleet, each with its own replay memory."""
+    """All three executors on the simulated fleet, sharing one replay memory: a command
+    id is applied once by this process, whichever executor it reaches."""
+    gate = CommandGate(keys=keys, seen=seen)
     return CommandDispatcher(
         {
-            Scope.NODE: GatedExecutor(
-                "node-executor", NodeExecutor(control), CommandGate(keys=keys)
-            ),
-            Scope.ROUTER: GatedExecutor(
-                "router-executor", RouterExecutor(control), CommandGate(keys=keys)
-            ),
-            Scope.WARMER: GatedExecutor("warmer", Warmer(control), CommandGate(keys=keys)),
+            Scope.NODE: GatedExecutor("node-executor", NodeExecutor(control), gate),
+            Scope.ROUTER: GatedExecutor("router-executor", RouterExecutor(control), gate),
+            Scope.WARMER: GatedExecutor("warmer", Warmer(control), gate),
         },
         registry=registry,
     )
@@ -56,7 +58,8 @@ async def run_sim_async(
 ) -> LoopStats:
     registry = registry or CollectorRegistry()
     control = SimControl(sim.fleet)
-    dispatcher = build_dispatcher(control, settings.verification_keys(), registry)
+    seen = load_seen(settings.seen_file)
+    dispatcher = build_dispatcher(control, settings.verification_keys(), registry, seen=seen)
     wiring = wiring_for(
         settings,
         group_id=settings.group_id or "fleetloop-sim-executors",
@@ -74,6 +77,7 @@ async def run_sim_async(
             speed=settings.speed,
             registry=registry,
             on_tick=on_tick,
+            on_published=keep_seen(settings.seen_file, seen),
         )
     finally:
         if settings.truth_file is not None:

@@ -8,12 +8,19 @@ command an executor receives produces exactly one :class:`CommandResult`.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, ClassVar
 from uuid import UUID
 
 from pydantic import Field, model_validator
 
 from schemas.base import Contract, Count, Identifier, NonNegFloat, Ratio, UtcDatetime
+
+MAX_CLOCK_SKEW_S = 5.0
+"""How far ahead of an executor's clock a command's ``issued_at`` may be. Fleet clocks are
+NTP-disciplined (a few milliseconds apart in a data centre; chrony steps a clock that is
+off by more than a second at start), so 5 s is three orders of magnitude of slack for an
+honest issuer, while a command dated further ahead was forged or comes from a broken
+clock, and would stay valid past its real lifetime."""
 
 
 class Target(Contract):
@@ -44,7 +51,14 @@ class Target(Contract):
 
 
 class Command(Contract):
-    """Common header of every command."""
+    """Common header of every command.
+
+    ``max_lifetime_s`` bounds ``expires_at - issued_at`` per command type: an executor
+    refuses a longer-lived command (``bad_time``), so a captured signed command cannot
+    stay valid for long. Issuers' TTLs (60 s by default) sit well inside every bound.
+    """
+
+    max_lifetime_s: ClassVar[float] = 300.0
 
     command_id: UUID
     issued_at: UtcDatetime
@@ -82,11 +96,15 @@ class RouteCommand(Command):
     """Isolation ladder and routing weights.
 
     Addressed to a device or node (no pool): the node executor changes what that
-    host accepts. Addressed to a pool: the router executor changes its table, for
-    one ``model`` or all; with a device or node as well, it ejects or readmits
-    that host from the pool.
+    device or node accepts. Addressed to a pool: the router executor changes its
+    table, for one ``model`` or all; with a device or node as well, it ejects or
+    readmits its devices from the pool.
+
+    At most 600 s: an isolation step acts on a verdict, and one ten minutes old is
+    no longer evidence (the ladder dwells one to five minutes between steps).
     """
 
+    max_lifetime_s: ClassVar[float] = 600.0
     action: RouteAction
     weight_ratio: Ratio | None = Field(default=None, description="new weight for deweight")
     model: Identifier | None = Field(default=None, description="pool weights: this model only")
@@ -113,7 +131,13 @@ class ClockMode(StrEnum):
 
 
 class ThrottleCommand(Command):
-    """Power, clock, batch and admission levers."""
+    """Power, clock, batch and admission levers.
+
+    At most 300 s: a cap or budget a few control periods (10 s each) old describes a
+    rack or pool that has moved on; five minutes leaves room for a paused consumer.
+    """
+
+    max_lifetime_s: ClassVar[float] = 300.0
 
     action: ThrottleAction
     power_limit_watts: NonNegFloat | None = None
@@ -163,7 +187,12 @@ class WarmAction(StrEnum):
 
 
 class WarmCommand(Command):
-    """Load (warm) or unload (cool) a model on a pool, for the warmer executor."""
+    """Load (warm) or unload (cool) a model on a pool, for the warmer executor.
+
+    At most 900 s: a warm is decided a load time ahead, and loads take minutes.
+    """
+
+    max_lifetime_s: ClassVar[float] = 900.0
 
     action: WarmAction
     model: Identifier
@@ -178,6 +207,7 @@ class ResultStatus(StrEnum):
     DUPLICATE = "duplicate"
     EXPIRED = "expired"
     BAD_SIGNATURE = "bad_signature"
+    BAD_TIME = "bad_time"  # issued too far ahead of the executor's clock, or lives too long
     MALFORMED = "malformed"  # did not decode as its topic's command type: refused, not applied
     FAILED_TRANSIENT = "failed_transient"
     FAILED_PERMANENT = "failed_permanent"

@@ -1,7 +1,9 @@
 """Admission of a command at an executor, and the result for every command.
 
 Checks run in a fixed order: the signature first (a forged command must not
-enter the replay memory), then expiry, then replay. An admitted command goes
+enter the replay memory), then its times (``issued_at`` no further ahead of the
+executor's clock than :data:`~schemas.commands.MAX_CLOCK_SKEW_S`, a lifetime
+within its type's ``max_lifetime_s``), then expiry, then replay. An admitted command goes
 to the actuator; whatever happens, the executor gets back exactly one
 :class:`~schemas.commands.CommandResult`.
 
@@ -23,7 +25,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 from uuid import UUID
 
-from schemas.commands import Command, CommandResult, ResultStatus
+from schemas.commands import MAX_CLOCK_SKEW_S, Command, CommandResult, ResultStatus
 from schemas.signing import verify
 
 C_contra = TypeVar("C_contra", bound=Command, contravariant=True)
@@ -84,13 +86,26 @@ class SeenCommands:
 
 
 class CommandGate:
-    """Signature, expiry and replay checks, in that order."""
+    """Signature, times, expiry and replay checks, in that order.
 
-    def __init__(self, *, keys: Mapping[str, bytes], seen: SeenCommands | None = None) -> None:
+    Every executor of one process shares one replay memory (``seen``), so a command
+    is applied once however many executors could take it.
+    """
+
+    def __init__(
+        self,
+        *,
+        keys: Mapping[str, bytes],
+        seen: SeenCommands | None = None,
+        max_skew_s: float = MAX_CLOCK_SKEW_S,
+    ) -> None:
         if not keys:
             raise ValueError("an executor needs at least one verification key")
+        if not max_skew_s >= 0:
+            raise ValueError("max_skew_s is >= 0")
         self.keys = dict(keys)
         self.seen = seen if seen is not None else SeenCommands()
+        self.max_skew_s = max_skew_s
 
     def refuse(self, command: Command, *, now: datetime) -> tuple[ResultStatus, str] | None:
         """Why ``command`` must not run, or None when it may."""
@@ -98,6 +113,18 @@ class CommandGate:
             known = command.key_id in self.keys
             why = "signature does not match" if known else f"unknown key id {command.key_id!r}"
             return ResultStatus.BAD_SIGNATURE, why
+        ahead_s = (command.issued_at - now).total_seconds()
+        if ahead_s > self.max_skew_s:
+            return ResultStatus.BAD_TIME, (
+                f"issued {ahead_s:.3f}s ahead of this executor's clock "
+                f"(at most {self.max_skew_s:g}s of skew)"
+            )
+        lifetime_s = (command.expires_at - command.issued_at).total_seconds()
+        if lifetime_s > command.max_lifetime_s:
+            return ResultStatus.BAD_TIME, (
+                f"lives {lifetime_s:g}s; a {type(command).__name__} may live at most "
+                f"{command.max_lifetime_s:g}s"
+            )
         if now >= command.expires_at:
             late_s = (now - command.expires_at).total_seconds()
             return ResultStatus.EXPIRED, f"expired {late_s:.3f}s before it arrived"

@@ -55,7 +55,8 @@ class SimControl:
     ) -> str:
         dev = self._device(device_uuid)
         dev.admin = ADMISSION[action]
-        dev.weight_ratio = weight_ratio if action is RouteAction.DEWEIGHT and weight_ratio else 1.0
+        ratio = weight_ratio if action is RouteAction.DEWEIGHT else None
+        dev.weight_ratio = 1.0 if ratio is None else ratio  # a weight of 0 is 0
         if action is RouteAction.DEWEIGHT:
             return f"{dev.uuid} weight {dev.weight_ratio:g}"
         return f"{dev.uuid} {dev.admin.value}"

@@ -54,6 +54,8 @@ class SimProcess:
             str(home / "truth.jsonl"),
             "--spool-dir",
             str(home / "spool"),
+            "--seen-file",
+            str(home / "seen-commands.json"),
         ]
         keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
         self.env = dict(os.environ, FLEETLOOP_COMMAND_KEYS=keys, PYTHONUNBUFFERED="1")

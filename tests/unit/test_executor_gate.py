@@ -14,7 +14,16 @@ from agents.executors.gate import (
     TransientActuatorError,
     execute,
 )
-from schemas.commands import ResultStatus, RouteAction, RouteCommand, Target
+from planning.issuing import COMMAND_TTL_S
+from schemas.commands import (
+    MAX_CLOCK_SKEW_S,
+    ResultStatus,
+    RouteAction,
+    RouteCommand,
+    Target,
+    ThrottleCommand,
+    WarmCommand,
+)
 from schemas.signing import sign
 from tests.factories import START
 
@@ -134,3 +143,40 @@ def test_replay_memory_is_bounded_by_expiry_and_survives_a_restart() -> None:
 def test_an_executor_without_keys_is_refused() -> None:
     with pytest.raises(ValueError, match="key"):
         CommandGate(keys={})
+
+
+def _dated(*, issued_s: float, ttl_s: float, number: int = 9) -> RouteCommand:
+    unsigned = _command(number=number).model_copy(
+        update={
+            "issued_at": START + timedelta(seconds=issued_s),
+            "expires_at": START + timedelta(seconds=issued_s + ttl_s),
+            "key_id": None,
+            "signature": None,
+        }
+    )
+    return sign(unsigned, key_id="k-new", key=KEYS["k-new"])
+
+
+@pytest.mark.parametrize(
+    ("issued_s", "ttl_s", "status"),
+    [
+        (1.0 + MAX_CLOCK_SKEW_S, 30.0, ResultStatus.APPLIED),  # at the skew bound: taken
+        (1.0 + MAX_CLOCK_SKEW_S + 0.01, 30.0, ResultStatus.BAD_TIME),  # just past it
+        (3600.0, 30.0, ResultStatus.BAD_TIME),  # dated an hour ahead, validly signed
+        (0.0, RouteCommand.max_lifetime_s, ResultStatus.APPLIED),
+        (0.0, RouteCommand.max_lifetime_s + 1, ResultStatus.BAD_TIME),
+        (0.0, 900 * 365 * 86_400.0, ResultStatus.BAD_TIME),  # a 900-year command
+    ],
+)
+def test_a_command_dated_ahead_or_living_too_long_is_refused(
+    issued_s: float, ttl_s: float, status: ResultStatus
+) -> None:
+    actuator = Recorder()
+    result = _run(_dated(issued_s=issued_s, ttl_s=ttl_s), CommandGate(keys=KEYS), actuator)
+    assert result.status is status, result.detail
+    assert actuator.applied == ([uuid.UUID(int=9)] if status is ResultStatus.APPLIED else [])
+
+
+def test_every_command_type_has_a_lifetime_bound_above_the_issuers_ttl() -> None:
+    for kind in (RouteCommand, ThrottleCommand, WarmCommand):
+        assert COMMAND_TTL_S < kind.max_lifetime_s <= 900.0, kind.__name__

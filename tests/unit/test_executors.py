@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from agents.executors.executors import Scope, scope_of
+from agents.loop import LoopStats
 from agents.sim.control import SimControl
 from agents.sim.scenario import Scenario
 from agents.sim.simulation import Simulation
+from fleetloop.loop import keep_seen, load_seen
 from fleetloop.sim import build_dispatcher
 from schemas.codec import encode
 from schemas.commands import (
@@ -265,3 +268,38 @@ def test_the_router_moves_batch_work_off_a_rack_and_back() -> None:
     result = dispatcher.handle(back, now=now, received_at=now)
     assert result is not None and result.status is ResultStatus.APPLIED
     assert control.table()["batch_moves"] == {}
+
+
+def test_one_command_id_is_applied_once_by_all_the_executors_together(tmp_path: Path) -> None:
+    # a signed command id reused on another executor's target (a compromised or buggy
+    # issuer) is a duplicate there: the executors share one replay memory
+    sim, dispatcher = _dispatcher()
+    now = sim.fleet.now
+    same = uuid.uuid4()
+    on_node = _command(RouteCommand, target=DEVICE, action=RouteAction.DRAIN, command_id=same)
+    on_router = _command(
+        RouteCommand, target=Target(pool="us-east-h100"), action=RouteAction.DEWEIGHT,
+        weight_ratio=0.5, command_id=same,
+    )  # fmt: skip
+    first = dispatcher.handle(on_node, now=now, received_at=now)
+    second = dispatcher.handle(on_router, now=now, received_at=now)
+    assert first is not None and first.status is ResultStatus.APPLIED
+    assert second is not None and second.status is ResultStatus.DUPLICATE
+    assert second.executor == "router-executor"
+    # and across a restart: the memory saved after the results went out is reloaded
+    seen_file = tmp_path / "seen.json"
+    keep_seen(seen_file, dispatcher.executors[Scope.NODE].gate.seen)(LoopStats(results=2))
+    restarted = build_dispatcher(
+        SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry(), seen=load_seen(seen_file)
+    )
+    again = restarted.handle(on_node, now=now, received_at=now)
+    assert again is not None and again.status is ResultStatus.DUPLICATE
+
+
+def test_a_weight_of_zero_is_zero() -> None:
+    sim, dispatcher = _dispatcher()
+    now = sim.fleet.now
+    zero = _command(RouteCommand, target=DEVICE, action=RouteAction.DEWEIGHT, weight_ratio=0.0)
+    result = dispatcher.handle(zero, now=now, received_at=now)
+    assert result is not None and result.status is ResultStatus.APPLIED
+    assert sim.fleet.devices[DEVICE.device_uuid or ""].weight_ratio == 0.0
