@@ -88,6 +88,21 @@ class ConnectionSettings(_Base):
         "http://127.0.0.1:6066",
         description="HTTP address of the worker that owns the embedded ClickHouse data",
     )
+    page_token: SecretStr | None = Field(
+        None,
+        description="bearer token for /sql and the worker pages that change something; "
+        "unset: the worker keeps one in page_token_file",
+    )
+    page_token_file: Path = Field(
+        Path("var/page-token"),
+        description="the token when page_token is unset: made by the first worker (mode 0600), "
+        "read by the CLI on the same machine",
+    )
+
+    @field_validator("page_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class PublisherSettings(ConnectionSettings):
@@ -209,6 +224,11 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     worker_dir: Path = Field(Path("var/worker"), description="faust data dir of this worker")
     web_port: int = Field(6066, ge=1, le=65535, description="metrics, health and /sql")
     web_bind: str = Field("127.0.0.1", description="address the web port binds")
+    page_names: tuple[str, ...] = Field(
+        (),
+        description="names the pages answer to besides loopback, the bound address and this "
+        "machine's name (a service name, a proxy's); any other Host is refused",
+    )
     commit_interval_s: float = Field(2.8, gt=0, description="Kafka offset commit interval")
     batch_max: int = Field(
         10_000, ge=1, le=100_000, description="rows per ClickHouse insert at most (one part)"

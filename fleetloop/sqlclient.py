@@ -14,6 +14,7 @@ import urllib.request
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from fleetloop.page_token import page_token
 from fleetloop.settings import ConnectionSettings
 from sre.results import QueryResult
 from streams.clickhouse_store import ClickHouseStore, StoreLockedError, open_store
@@ -23,12 +24,12 @@ class QueryError(RuntimeError):
     """ClickHouse refused the query; the message is ClickHouse's."""
 
 
-def _via_owner(url: str, sql: str, timeout_s: float) -> QueryResult:
+def _via_owner(url: str, sql: str, timeout_s: float, token: str | None) -> QueryResult:
     request = urllib.request.Request(
         url.rstrip("/") + "/sql",
-        data=sql.encode(),
+        data=json.dumps({"sql": sql}).encode(),
         method="POST",
-        headers={"Content-Type": "text/plain"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token or ''}"},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -51,7 +52,8 @@ def run_query(settings: ConnectionSettings, sql: str, *, timeout_s: float = 30.0
         )
         return _query_and_close(store, sql)
     try:
-        return _via_owner(settings.query_url, sql, timeout_s)
+        token = page_token(settings, create=False)
+        return _via_owner(settings.query_url, sql, timeout_s, token)
     except urllib.error.URLError as exc:
         if not isinstance(exc.reason, ConnectionRefusedError):
             raise

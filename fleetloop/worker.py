@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 
 import faust
 
+from fleetloop.page_token import page_token
 from fleetloop.settings import WorkerSettings
 from fleetloop.topics_admin import ensure_topics
 from fleetloop.wiring import wirings
 from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import open_store
+from streams.page_access import PageAccess
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,11 @@ def worker_config(settings: WorkerSettings) -> WorkerConfig:
         session_timeout_s=settings.session_timeout_s,
         lag_interval_s=settings.lag_interval_s,
         wirings=wirings(settings),
+        page_access=PageAccess.of(
+            page_token(settings, create=True) or "",
+            bind=settings.web_bind,
+            names=(socket.gethostname(), *settings.page_names),
+        ),
     )
 
 

@@ -40,6 +40,7 @@ from streams.health import add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
+from streams.page_access import NO_ACCESS, PageAccess
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
@@ -63,6 +64,7 @@ class WorkerConfig:
     session_timeout_s: float = 10.0
     lag_interval_s: float = 15.0
     wirings: Mapping[str, IssuerWiring] = field(default_factory=dict)  # role -> its wiring
+    page_access: PageAccess | None = None  # None: /sql and the guarded pages answer 503
 
 
 PROCESSORS: dict[str, Callable[..., list[TopicSpec]]] = {
@@ -70,8 +72,8 @@ PROCESSORS: dict[str, Callable[..., list[TopicSpec]]] = {
     "demand": add_demand,
     "control": add_control,
 }
-"""Each controller role's processors: ``add(app, wiring, outputs, registry)`` registers
-them and returns the topics they read."""
+"""Each controller role's processors: ``add(app, wiring, outputs, registry, access)``
+registers them (and their pages, behind ``access``) and returns the topics they read."""
 
 
 class IngestMetrics:
@@ -170,12 +172,12 @@ def create_app(
         roles=set(config.wirings),
     )  # fmt: skip
     for role, wiring in config.wirings.items():
-        read = PROCESSORS[role](app, wiring, outputs, registry)
+        read = PROCESSORS[role](app, wiring, outputs, registry, config.page_access)
         sources += [s for s in read if s not in sources]
     _add_lag_timer(app, config, metrics, sources)
     _add_metrics_pages(app, store, registry)
     if store is not None:
-        _add_clickhouse_pages(app, store)
+        _add_clickhouse_pages(app, store, config.page_access)
     return app
 
 
@@ -275,29 +277,43 @@ def _add_metrics_pages(
         return web.json({"status": "ok", "clickhouse": "ok"})
 
 
-def _add_clickhouse_pages(app: faust.App, store: ClickHouseStore) -> None:
+def _add_clickhouse_pages(
+    app: faust.App, store: ClickHouseStore, access: PageAccess | None
+) -> None:
     dashboards = load_dashboards()  # read once; each request only runs the panels
 
     @app.page("/dashboards")
     async def dashboards_page(web: Any, request: Any) -> Any:
         """The Grafana dashboards' panels, run on the data this process owns (read-only)."""
+        refused = NO_ACCESS if access is None else access.host_refusal(request.headers)
+        if refused is not None:
+            return web.json({"error": refused[1]}, status=refused[0])
 
         def query(sql: str) -> QueryResult:
             return store.query(sql, readonly=True)
 
-        html = await store.run(render_page, query, database=store.database, dashboards=dashboards)
+        html = await store.run_reader(
+            render_page, query, database=store.database, dashboards=dashboards
+        )
         return web.html(html)
 
     @app.page("/sql")
     class SqlView(faust.web.View):
-        """Read-only SQL against the ClickHouse data this worker owns."""
+        """Read-only SQL against the ClickHouse data this worker owns: one statement per
+        request (``{"sql": "..."}``), on a fresh bounded session, off the sink's thread."""
 
         async def post(self, request: Any) -> Any:
-            sql = (await request.text()).strip()
-            if not sql:
-                return self.json({"error": "empty query"}, status=400)
+            refused = NO_ACCESS if access is None else access.caller_refusal(request.headers)
+            if refused is not None:
+                return self.json({"error": refused[1]}, status=refused[0])
             try:
-                result = await store.run(store.query, sql, readonly=True)
+                sql = json.loads(await request.text())["sql"]
+                if not isinstance(sql, str):
+                    raise TypeError("sql is not a string")
+            except (ValueError, KeyError, TypeError) as exc:
+                return self.json({"error": f'send {{"sql": "..."}}: {exc}'}, status=400)
+            try:
+                result = await store.run_reader(store.query, sql, readonly=True)
             except Exception as exc:
                 return self.json({"error": str(exc)[:2000]}, status=400)
             body = json.dumps({"columns": result.columns, "rows": result.rows}, default=str)

@@ -2,8 +2,12 @@
 
 ``open_store(url=None, data_dir=...)`` gives the embedded engine in-process
 (it locks ``data_dir``: one owning process); with a URL it talks HTTP to a
-server. Every call goes through one thread, so the asyncio loop never blocks
-on ClickHouse and chDB is never entered concurrently.
+server. The sink's writes and reads go through one thread and one session, so
+the asyncio loop never blocks on ClickHouse. Anyone's SQL (``/sql``, the
+dashboards, ``fleetloop sql``) runs elsewhere: one statement, on a fresh
+read-only session each time (nothing one caller did is seen by the next), with
+time, row and memory limits (:data:`READER_SETTINGS`, the same for chDB and a
+server), on reader threads of their own, so a slow query never delays an insert.
 """
 
 from __future__ import annotations
@@ -34,8 +38,56 @@ READER_SETTINGS: dict[str, Any] = {
     "max_result_rows": 100_000,
     "result_overflow_mode": "throw",
     "max_execution_time": 60,
+    "max_memory_usage": 2 * 1024**3,  # a query past it fails; the worker lives on
     "readonly": 1,
 }
+READER_THREADS = 2
+
+
+class StatementError(ValueError):
+    """Not exactly one statement."""
+
+
+def one_statement(sql: str) -> str:
+    """``sql`` without its trailing semicolons, if it is exactly one statement.
+
+    Quoted text (``'``, ``"``, backticks, with backslash escapes and doubled quotes) and
+    comments (``--``, ``/* */``) are skipped, so a semicolon inside them does not count;
+    after the statement only semicolons, spaces and comments may follow.
+    """
+    text = sql.strip()
+    end, i = len(text), 0  # end: where the statement stops (its first top-level ';')
+    while i < len(text):
+        ch = text[i]
+        if text.startswith("--", i):
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline
+        elif text.startswith("/*", i):
+            close = text.find("*/", i + 2)
+            i = len(text) if close < 0 else close + 1
+        elif ch == ";":
+            end = min(end, i)
+        elif end < len(text) and not ch.isspace():
+            raise StatementError("one statement per query")
+        elif ch in "'\"`":
+            i = _closing_quote(text, i)
+        i += 1
+    statement = text[:end].strip()
+    if not statement:
+        raise StatementError("empty query")
+    return statement
+
+
+def _closing_quote(text: str, start: int) -> int:
+    quote, i = text[start], start + 1
+    while i < len(text):
+        if text[i] == "\\" or (text[i] == quote and text.startswith(quote * 2, i)):
+            i += 2
+        elif text[i] == quote:
+            return i
+        else:
+            i += 1
+    return len(text)
 
 
 class StoreLockedError(RuntimeError):
@@ -64,11 +116,11 @@ class ClickHouseStore:
             raise ValueError(f"bad database name {database!r}")
         self.client = client
         self._open_reader = open_reader
-        self._reader: Client | None = None
         self.database = database
         self.data_dir = data_dir
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+        self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="clickhouse-read")
 
     def on_database(self, database: str) -> ClickHouseStore:
         """The same engine and sessions, bound to another database (apply its schema)."""
@@ -94,23 +146,26 @@ class ClickHouseStore:
             self.client.command(sql)
 
     def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        """Run ``sql``; ``readonly`` queries (anyone's SQL) go to a separate read-only session,
-        where unqualified table names are this store's database's.
+        """Run ``sql``; ``readonly`` queries (anyone's SQL) must be one statement and run
+        on a fresh read-only session, where unqualified table names are this store's
+        database's, without the sink's lock.
 
         A per-query ``readonly`` setting is not enough: after a refused statement
-        chDB leaves the session read-only, which would stop the sink's inserts.
+        chDB leaves the session read-only, which would stop the sink's inserts; and a
+        session kept between callers could hand one caller's state to the next.
         """
-        with self._lock:
-            client = self._reader_client() if readonly else self.client
-            result = client.query(sql)
-        return QueryResult(result.column_names, result.result_rows)
-
-    def _reader_client(self) -> Client:
-        if self._reader is None:
+        if readonly:
             if self._open_reader is None:
                 raise RuntimeError("this store has no read-only session")
-            self._reader = self._open_reader()
-        return self._reader
+            reader = self._open_reader()
+            try:
+                result = reader.query(one_statement(sql))
+            finally:
+                reader.close()
+        else:
+            with self._lock:
+                result = self.client.query(sql)
+        return QueryResult(result.column_names, result.result_rows)
 
     def insert(
         self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *, token: str
@@ -135,15 +190,20 @@ class ClickHouseStore:
 
     # -- async wrappers ------------------------------------------------------
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on the sink's thread (writes, and the sink's own reads)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
+    async def run_reader(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on a reader thread: for anyone's read-only SQL, never the sink's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, lambda: fn(*args, **kwargs))
+
     def close(self) -> None:
+        self._readers.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         with self._lock:
             self.client.close()
-            if self._reader is not None:
-                self._reader.close()
 
 
 def _statements(text: str) -> list[str]:
@@ -189,7 +249,7 @@ def open_store(*, url: str | None, data_dir: Path, database: str) -> ClickHouseS
         return ClickHouseStore(
             server_client(),
             database=database,
-            open_reader=lambda: server_client(database, readonly=1),
+            open_reader=lambda: server_client(database, **READER_SETTINGS),
         )
     data_dir.mkdir(parents=True, exist_ok=True)
     if _locked_by_another_process(data_dir):

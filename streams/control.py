@@ -13,12 +13,18 @@ from planning.throttle import ControlWiring
 from schemas.codec import DecodeError, decode
 from schemas.topics import ACCELERATOR, PDU, SERVING, TopicSpec
 from streams.outputs import Outputs
+from streams.page_access import PageAccess
 
 
 def add_control(
-    app: faust.App, wiring: ControlWiring, outputs: Outputs, registry: CollectorRegistry
+    app: faust.App,
+    wiring: ControlWiring,
+    outputs: Outputs,
+    registry: CollectorRegistry,
+    access: PageAccess | None,
 ) -> list[TopicSpec]:
-    """Register ``control.plan`` on ``app``; returns the topics it reads."""
+    """Register ``control.plan`` on ``app`` (no pages); returns the topics it reads."""
+    del access
     planner = ControlPlanner(wiring)
     specs = {wiring.topic_prefix + s.name: s for s in (SERVING, PDU, ACCELERATOR)}
     source = app.topic(*specs, value_type=bytes, key_type=bytes)

@@ -15,12 +15,18 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.events import Demand, ServingMetrics
 from schemas.topics import DEMAND, FORECASTS, SERVING, TopicSpec
 from streams.outputs import Outputs
+from streams.page_access import PageAccess
 
 
 def add_demand(
-    app: faust.App, wiring: DemandWiring, outputs: Outputs, registry: CollectorRegistry
+    app: faust.App,
+    wiring: DemandWiring,
+    outputs: Outputs,
+    registry: CollectorRegistry,
+    access: PageAccess | None,
 ) -> list[TopicSpec]:
-    """Register ``demand.plan`` on ``app``; returns the topics it reads."""
+    """Register ``demand.plan`` on ``app`` (no pages); returns the topics it reads."""
+    del access
     planner = DemandPlanner(wiring)
     clock = EventClock()
     names = [wiring.topic_prefix + DEMAND.name, wiring.topic_prefix + SERVING.name]

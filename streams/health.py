@@ -33,6 +33,7 @@ from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS, TopicSpec
 from schemas.verdicts import HealthStatus, Verdict
 from streams.outputs import Outputs
+from streams.page_access import NO_ACCESS, PageAccess
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,17 @@ class HealthMetrics:
 
 
 def add_health(
-    app: faust.App, wiring: HealthWiring, outputs: Outputs, registry: CollectorRegistry
+    app: faust.App,
+    wiring: HealthWiring,
+    outputs: Outputs,
+    registry: CollectorRegistry,
+    access: PageAccess | None,
 ) -> list[TopicSpec]:
-    """Register ``health.detect``, ``health.isolate`` and the ladder's timer on ``app``;
-    returns the topics they read."""
+    """Register ``health.detect``, ``health.isolate``, the ladder's timer and the guardrail
+    pages on ``app``; returns the topics they read."""
     m = HealthMetrics(registry, outputs)
     _add_detector(app, wiring, m)
-    _add_isolation(app, wiring, m, outputs)
+    _add_isolation(app, wiring, m, outputs, access)
     return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]
 
 
@@ -120,7 +125,11 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
 
 
 def _add_isolation(
-    app: faust.App, wiring: HealthWiring, metrics: HealthMetrics, outputs: Outputs
+    app: faust.App,
+    wiring: HealthWiring,
+    metrics: HealthMetrics,
+    outputs: Outputs,
+    access: PageAccess | None,
 ) -> None:
     ladder = isolation.ladder(wiring)
     clock = EventClock()
@@ -157,6 +166,9 @@ def _add_isolation(
         """GET: the guardrail's state; POST /guardrail/reset: a person lifts a lockout."""
 
         async def get(self, request: Any) -> Any:
+            refused = NO_ACCESS if access is None else access.host_refusal(request.headers)
+            if refused is not None:
+                return self.json({"error": refused[1]}, status=refused[0])
             state = ladder.guard.state
             return self.json(
                 {
@@ -169,6 +181,9 @@ def _add_isolation(
     @app.page("/guardrail/reset")
     class GuardrailReset(faust.web.View):
         async def post(self, request: Any) -> Any:
+            refused = NO_ACCESS if access is None else access.caller_refusal(request.headers)
+            if refused is not None:
+                return self.json({"error": refused[1]}, status=refused[0])
             was = ladder.guard.state.locked_out
             ladder.guard.reset()
             metrics.locked_out.set(0)

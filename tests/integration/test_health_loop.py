@@ -8,6 +8,7 @@ commands reach the executors, the devices go quiet, and every step is in ClickHo
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,17 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
     assert worker.metric("fleetloop_isolated_devices") >= 2
     state = json.loads(worker.get("/guardrail"))
     assert DBE in state["isolated"] and state["locked_out"] is False
-    request = urllib.request.Request(worker.url + "/guardrail/reset", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert json.loads(response.read()) == {"locked_out": False, "was_locked_out": False}
+    assert worker.post("/guardrail/reset", {}) == {"locked_out": False, "was_locked_out": False}
+    # and nobody else: no token, a browser's cross-origin text/plain POST, a rebound name
+    for headers, status in [
+        ({"Content-Type": "application/json"}, 401),
+        ({"Content-Type": "text/plain", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "text/plain", "Authorization": f"Bearer {worker.token}"}, 415),
+        ({"Host": "evil.example", "Authorization": f"Bearer {worker.token}"}, 421),
+    ]:
+        request = urllib.request.Request(
+            worker.url + "/guardrail/reset", data=b"{}", method="POST", headers=headers
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == status, (headers, refused.value.read())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -182,7 +183,10 @@ def test_exactly_once_into_clickhouse_across_sigkill(
                 str(worker_home / "clickhouse"),
                 query,
             ]
-            return subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
+            env = dict(os.environ, FLEETLOOP_PAGE_TOKEN=restarted.token)
+            return subprocess.run(
+                cli, capture_output=True, text=True, timeout=60, check=False, env=env
+            )
 
         out = fleetloop_sql(f"SELECT count() FROM {DB}.dead_letters")
         assert out.returncode == 0, out.stderr

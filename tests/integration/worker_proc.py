@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,7 +27,8 @@ class WorkerProcess:
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        self.extra_env = env or {}
+        self.token = secrets.token_urlsafe(24)  # the pages' token (/sql, guardrail reset)
+        self.extra_env = {"FLEETLOOP_PAGE_TOKEN": self.token, **(env or {})}
         self.url = f"http://127.0.0.1:{web_port}"
         self.log_path = home / "worker.log"
         self.args = [
@@ -80,10 +82,19 @@ class WorkerProcess:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             return bytes(response.read())
 
+    def post(self, path: str, body: dict[str, Any], *, timeout_s: float = 30.0) -> Any:
+        """A guarded page, as an operator's tool calls it: JSON and the bearer token."""
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
     def sql(self, query: str) -> list[list[Any]]:
-        request = urllib.request.Request(self.url + "/sql", data=query.encode(), method="POST")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return list(json.loads(response.read())["rows"])
+        return list(self.post("/sql", {"sql": query})["rows"])
 
     def metric(self, name: str) -> float:
         total = 0.0

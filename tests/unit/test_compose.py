@@ -86,3 +86,15 @@ def test_the_image_copies_every_python_package() -> None:
     for pattern in include:
         package = pattern.rstrip("*")
         assert f"COPY {package} ./{package}" in dockerfile, package
+
+
+@pytest.mark.parametrize("name", ["worker", "health", "sim"])
+def test_our_ports_are_published_on_loopback_unless_asked(name: str) -> None:
+    for port in SERVICES[name]["ports"]:
+        assert str(port).startswith("${FLEETLOOP_PUBLISH:-127.0.0.1}:"), port
+
+
+@pytest.mark.parametrize("name", ["worker", "health"])
+def test_guarded_pages_need_a_token_the_operator_sets(name: str) -> None:
+    token = SERVICES[name]["environment"]["FLEETLOOP_PAGE_TOKEN"]
+    assert token.startswith("${FLEETLOOP_PAGE_TOKEN:?"), "a default token is no token"

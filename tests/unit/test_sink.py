@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import uuid
 from datetime import timedelta
 
@@ -24,7 +25,7 @@ from schemas.commands import (
     WarmCommand,
 )
 from schemas.topics import TELEMETRY_TOPICS
-from streams.clickhouse_store import ClickHouseStore
+from streams.clickhouse_store import READER_THREADS, ClickHouseStore, StatementError
 from streams.ingest import RawMessage, split
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, instant_json
 from streams.sink import ClickHouseSink, Watermarks, batch_token
@@ -275,3 +276,37 @@ def test_commands_of_every_type_and_their_results_land_in_their_tables(
         "WHERE src_topic LIKE 'c.%'"
     ).rows
     assert stored == [[str(drain.command_id), "node-executor", "applied"]]
+
+
+def test_anyones_sql_is_one_statement_on_a_fresh_session(store: ClickHouseStore) -> None:
+    with pytest.raises(StatementError, match="one statement"):
+        store.query("SELECT 1; SELECT 2", readonly=True)
+    assert store.query("SELECT 'a;b' AS x;", readonly=True).rows == [["a;b"]]
+    # a setting one caller changes (where readonly allows none) cannot reach the next
+    with pytest.raises(Exception, match=r"(?i)readonly"):
+        store.query("SET max_result_rows = 0", readonly=True)
+    with pytest.raises(Exception, match=r"(?i)limit for result exceeded"):
+        store.query("SELECT number FROM numbers(200000)", readonly=True)
+
+
+def test_a_slow_read_never_holds_up_the_sink(store: ClickHouseStore) -> None:
+    # every reader thread busy (a stand-in for slow queries, released by the test): the
+    # sink's write still goes through, on its own thread and session
+    records = [r for r in _records(400, "s.") if type(r[0]).__name__ == "Demand"]
+    release = threading.Event()
+
+    async def both() -> tuple[bool, int]:
+        busy = [
+            asyncio.ensure_future(store.run_reader(release.wait, 60)) for _ in range(READER_THREADS)
+        ]
+        queued = asyncio.ensure_future(store.run_reader(store.query, "SELECT 1", readonly=True))
+        written = await ClickHouseSink(store, registry=CollectorRegistry()).write(
+            records, now=ingest_now()
+        )
+        readers_still_busy = not queued.done()
+        release.set()
+        await asyncio.gather(*busy, queued)
+        return readers_still_busy, written
+
+    readers_still_busy, written = asyncio.run(both())
+    assert written == len(records) and readers_still_busy
