@@ -8,7 +8,7 @@ command an executor receives produces exactly one :class:`CommandResult`.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 from uuid import UUID
 
 from pydantic import Field, model_validator
@@ -51,7 +51,9 @@ class Target(Contract):
 
 
 class Command(Contract):
-    """Common header of every command.
+    """Common header of every command. Each command type also names itself in
+    ``command_type`` (on the wire, so under the signature: a signature made for one type
+    never verifies as another).
 
     ``max_lifetime_s`` bounds ``expires_at - issued_at`` per command type: an executor
     refuses a longer-lived command (``bad_time``), so a captured signed command cannot
@@ -105,6 +107,7 @@ class RouteCommand(Command):
     """
 
     max_lifetime_s: ClassVar[float] = 600.0
+    command_type: Literal["RouteCommand"] = "RouteCommand"
     action: RouteAction
     weight_ratio: Ratio | None = Field(default=None, description="new weight for deweight")
     model: Identifier | None = Field(default=None, description="pool weights: this model only")
@@ -138,7 +141,7 @@ class ThrottleCommand(Command):
     """
 
     max_lifetime_s: ClassVar[float] = 300.0
-
+    command_type: Literal["ThrottleCommand"] = "ThrottleCommand"
     action: ThrottleAction
     power_limit_watts: NonNegFloat | None = None
     clock_mode: ClockMode | None = None
@@ -193,7 +196,7 @@ class WarmCommand(Command):
     """
 
     max_lifetime_s: ClassVar[float] = 900.0
-
+    command_type: Literal["WarmCommand"] = "WarmCommand"
     action: WarmAction
     model: Identifier
     replicas: Annotated[int, Field(ge=1)] = 1

@@ -109,7 +109,7 @@ COMMAND_HEADER = (
     "target_region", "reason", "message", "cause_event_id", "cause_observed_at", "decision_id",
     "key_id", "signature", "parameters",
 )  # fmt: skip
-_HEADER_FIELDS = set(Command.model_fields) | {"action"}
+_HEADER_FIELDS = set(Command.model_fields) | {"action", "command_type"}
 
 
 def _command_line(value: Command, at: Coordinates, ingested_at_json: str) -> str:

@@ -99,7 +99,8 @@ class CommandDispatcher:
             log.warning("undecodable command on %s (%s): %s", spec.name, exc.kind.value, exc)
             return self._refuse_malformed(spec, raw, exc, now=now, received_at=received_at)
         assert isinstance(command, Command)
-        return self.handle(command, now=now, received_at=received_at)
+        payload, _ = _readable_parts(raw)  # the signature covers what arrived, as it arrived
+        return self.handle(command, now=now, received_at=received_at, payload=payload)
 
     def _refuse_malformed(
         self,
@@ -133,8 +134,15 @@ class CommandDispatcher:
         )
 
     def handle(
-        self, command: Command, *, now: datetime, received_at: datetime
+        self,
+        command: Command,
+        *,
+        now: datetime,
+        received_at: datetime,
+        payload: Mapping[str, Any] | None = None,
     ) -> CommandResult | None:
+        """Hand ``command`` to its owner (None when this process runs no owner for it);
+        ``payload`` is its JSON object as received, which its signature must cover."""
         scope = scope_of(command)
         owner = self.executors.get(scope)
         if owner is None or (owner.accepts is not None and not owner.accepts(command.target)):
@@ -148,6 +156,7 @@ class CommandDispatcher:
             received_at=received_at,
             now=now,
             new_id=self.new_id,
+            payload=payload,
         )
         self.metrics.commands.labels(owner.name, result.command_type, result.status.value).inc()
         latency_s = (result.completed_at - command.issued_at).total_seconds()

@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from schemas.commands import MAX_CLOCK_SKEW_S, Command, CommandResult, ResultStatus
@@ -107,9 +107,12 @@ class CommandGate:
         self.seen = seen if seen is not None else SeenCommands()
         self.max_skew_s = max_skew_s
 
-    def refuse(self, command: Command, *, now: datetime) -> tuple[ResultStatus, str] | None:
-        """Why ``command`` must not run, or None when it may."""
-        if not verify(command, keys=self.keys):
+    def refuse(
+        self, command: Command, *, now: datetime, payload: Mapping[str, Any] | None = None
+    ) -> tuple[ResultStatus, str] | None:
+        """Why ``command`` must not run, or None when it may. ``payload``: the command's JSON
+        object as it arrived (the signature is checked over it), when there is one."""
+        if not verify(command, keys=self.keys, payload=payload):
             known = command.key_id in self.keys
             why = "signature does not match" if known else f"unknown key id {command.key_id!r}"
             return ResultStatus.BAD_SIGNATURE, why
@@ -142,12 +145,13 @@ def execute(
     received_at: datetime,
     now: datetime,
     new_id: Callable[[], UUID],
+    payload: Mapping[str, Any] | None = None,
 ) -> CommandResult:
     """Gate, act and account: exactly one result per command, never an exception."""
     status: ResultStatus
     retry_after_s: float | None = None
     try:
-        refusal = gate.refuse(command, now=now)
+        refusal = gate.refuse(command, now=now, payload=payload)
     except Exception as exc:  # a check that cannot run refuses: never act on an unchecked command
         refusal = ResultStatus.FAILED_PERMANENT, f"not checked: {type(exc).__name__}: {exc}"
     if refusal is not None:
