@@ -8,10 +8,10 @@ command an executor receives produces exactly one :class:`CommandResult`.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from schemas.base import Contract, Count, Identifier, NonNegFloat, Ratio, UtcDatetime
 
@@ -23,8 +23,23 @@ honest issuer, while a command dated further ahead was forged or comes from a br
 clock, and would stay valid past its real lifetime."""
 
 
+TARGET_FIELDS = ("node_id", "device_uuid", "pool", "rack_id", "region")
+
+
+def _not_null(*names: str) -> dict[str, Any]:
+    """JSON Schema: these members are present and not null."""
+    return {"required": list(names), "properties": {n: {"not": {"type": "null"}} for n in names}}
+
+
+def _action_is(action: str) -> dict[str, Any]:
+    return {"required": ["action"], "properties": {"action": {"const": action}}}
+
+
 class Target(Contract):
     """What a command acts on; the narrowest non-null field wins (device > node > pool)."""
+
+    # the validator's rule, for executors in other languages: at least one field named
+    model_config = ConfigDict(json_schema_extra={"anyOf": [_not_null(f) for f in TARGET_FIELDS]})
 
     node_id: Identifier | None = None
     device_uuid: Identifier | None = None
@@ -45,9 +60,19 @@ class Target(Contract):
 
     @model_validator(mode="after")
     def _not_empty(self) -> Target:
-        if not any((self.node_id, self.device_uuid, self.pool, self.rack_id, self.region)):
+        if not any(getattr(self, name) for name in TARGET_FIELDS):
             raise ValueError("a command target names at least one of node, device, pool, rack")
         return self
+
+
+def _command_schema(schema: dict[str, Any], cls: Any) -> None:
+    rules = cls.schema_rules()
+    if rules:
+        schema["allOf"] = rules
+    schema["$comment"] = (
+        "also required, beyond what JSON Schema can say: expires_at after issued_at, by at "
+        f"most {cls.max_lifetime_s:g} s for this type"
+    )
 
 
 class Command(Contract):
@@ -61,6 +86,7 @@ class Command(Contract):
     """
 
     max_lifetime_s: ClassVar[float] = 300.0
+    model_config = ConfigDict(json_schema_extra=lambda schema, cls: _command_schema(schema, cls))
 
     command_id: UUID
     issued_at: UtcDatetime
@@ -78,6 +104,11 @@ class Command(Contract):
     decision_id: UUID | None = Field(default=None, description="the controller decision it carries")
     key_id: Identifier | None = None
     signature: Annotated[str, Field(max_length=128)] | None = None
+
+    @classmethod
+    def schema_rules(cls) -> list[dict[str, Any]]:
+        """The validators' cross-field rules, as JSON Schema (``allOf``), for other languages."""
+        return []
 
     @model_validator(mode="after")
     def _expires_after_issue(self) -> Command:
@@ -108,6 +139,11 @@ class RouteCommand(Command):
 
     max_lifetime_s: ClassVar[float] = 600.0
     command_type: Literal["RouteCommand"] = "RouteCommand"
+
+    @classmethod
+    def schema_rules(cls) -> list[dict[str, Any]]:
+        return [{"if": _action_is(RouteAction.DEWEIGHT.value), "then": _not_null("weight_ratio")}]
+
     action: RouteAction
     weight_ratio: Ratio | None = Field(default=None, description="new weight for deweight")
     model: Identifier | None = Field(default=None, description="pool weights: this model only")
@@ -128,6 +164,17 @@ class ThrottleAction(StrEnum):
     MOVE_BATCH = "move_batch"
 
 
+THROTTLE_PARAMETER = {
+    ThrottleAction.POWER_CAP: "power_limit_watts",
+    ThrottleAction.CLOCK_MODE: "clock_mode",
+    ThrottleAction.BATCH_SIZE: "batch_size_max",
+    ThrottleAction.ADMISSION: "admission_ratio",
+    ThrottleAction.OPTIONAL_BUDGET: "optional_budget_ratio",
+    ThrottleAction.MOVE_BATCH: "batch_move_ratio",
+}
+"""The parameter each throttle action needs (the validator's rule and the schema's)."""
+
+
 class ClockMode(StrEnum):
     DEFAULT = "default"
     LOW = "low"
@@ -142,6 +189,17 @@ class ThrottleCommand(Command):
 
     max_lifetime_s: ClassVar[float] = 300.0
     command_type: Literal["ThrottleCommand"] = "ThrottleCommand"
+
+    @classmethod
+    def schema_rules(cls) -> list[dict[str, Any]]:
+        rules = [
+            {"if": _action_is(action.value), "then": _not_null(parameter)}
+            for action, parameter in THROTTLE_PARAMETER.items()
+        ]
+        move = {"properties": {"target": _not_null("pool", "rack_id")}}
+        rules.append({"if": _action_is(ThrottleAction.MOVE_BATCH.value), "then": move})
+        return rules
+
     action: ThrottleAction
     power_limit_watts: NonNegFloat | None = None
     clock_mode: ClockMode | None = None
@@ -165,15 +223,7 @@ class ThrottleCommand(Command):
 
     @model_validator(mode="after")
     def _parameter_for_action(self) -> ThrottleCommand:
-        needed = {
-            ThrottleAction.POWER_CAP: self.power_limit_watts,
-            ThrottleAction.CLOCK_MODE: self.clock_mode,
-            ThrottleAction.BATCH_SIZE: self.batch_size_max,
-            ThrottleAction.ADMISSION: self.admission_ratio,
-            ThrottleAction.OPTIONAL_BUDGET: self.optional_budget_ratio,
-            ThrottleAction.MOVE_BATCH: self.batch_move_ratio,
-        }[self.action]
-        if needed is None:
+        if getattr(self, THROTTLE_PARAMETER[self.action]) is None:
             raise ValueError(f"throttle action {self.action.value!r} needs its parameter")
         if self.action is ThrottleAction.MOVE_BATCH and not (
             self.target.pool and self.target.rack_id

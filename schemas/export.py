@@ -1,4 +1,10 @@
-"""Write one JSON Schema per contract, for executors written in other languages."""
+"""Write one JSON Schema per contract, for executors written in other languages.
+
+Standard JSON Schema (2020-12) keywords only, and the validators' cross-field
+rules with them (a target names something, each action carries its parameter);
+``$comment`` says the one rule a schema cannot (``expires_at`` after
+``issued_at``, within the type's lifetime) and which topics carry the type.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ def export_json_schemas(directory: Path) -> list[Path]:
         schema = value_type.model_json_schema()
         schema["$id"] = f"fleetloop/{value_type.__name__}.v1"
         topics = sorted(s.name for s in ALL_TOPICS if s.value_type is value_type)
-        schema["x-fleetloop-topics"] = topics
+        # standard keywords only, so strict validators (ajv's strict mode) compile it
+        where = "on topics " + ", ".join(topics) if topics else "not published on a topic"
+        schema["$comment"] = "; ".join(filter(None, [schema.get("$comment"), where]))
         path = directory / f"{value_type.__name__}.v1.schema.json"
         path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         written.append(path)
