@@ -47,6 +47,31 @@ Celsius = Annotated[float, Field(ge=-60.0, le=250.0)]
 """A temperature a sensor on a running device can physically report."""
 Identifier = Annotated[str, Field(min_length=1, max_length=128)]
 
+# Physical bounds: a value past them is a broken sensor or a forged message, never a
+# reading, so it is refused at decode (a dead letter with its reason) before any model or
+# controller can act on it. Each bound leaves an order of magnitude over today's parts.
+Watts = Annotated[float, Field(ge=0.0, le=10_000.0)]
+"""One accelerator or CPU socket: the largest packages draw under 3 kW (a GB200
+superchip about 2.7 kW)."""
+FeedWatts = Annotated[float, Field(ge=0.0, le=1_000_000.0)]
+"""One PDU phase or rack feed: racks draw 10 to 150 kW (a GB200 NVL72 about 130 kW)."""
+Volts = Annotated[float, Field(ge=0.0, le=2_000.0)]
+"""Distribution in a data hall: 480 V AC, 800 V DC at most."""
+Amperes = Annotated[float, Field(ge=0.0, le=10_000.0)]
+"""One phase of a feed: a few hundred amperes."""
+Megahertz = Annotated[float, Field(ge=0.0, le=50_000.0)]
+"""A clock as NVML reports it: cores under 3.5 GHz, memory under 25 GHz."""
+Seconds = Annotated[float, Field(ge=0.0, le=86_400.0)]
+"""A latency, a probe's run, a wait: at most a day (past that it is an outage, not a
+duration a component reports)."""
+IntervalSeconds = Annotated[float, Field(gt=0.0, le=86_400.0)]
+"""The span one report covers: more than zero, at most a day."""
+UptimeSeconds = Annotated[float, Field(ge=0.0, le=3.2e9)]
+"""Since boot: at most a century."""
+PerSecond = Annotated[float, Field(ge=0.0, le=1e9)]
+"""Tokens or requests per second: a replica serves 1e3 to 1e5 tokens per second, a
+region's demand far less than a billion requests per second."""
+
 
 class Contract(BaseModel):
     """Base of every payload: frozen, closed, finite."""

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from pydantic import ConfigDict, Field, model_validator
 
-from schemas.base import Contract, Count, Identifier, NonNegFloat, Ratio, UtcDatetime
+from schemas.base import Contract, Count, Identifier, Ratio, UtcDatetime, Watts
 
 MAX_CLOCK_SKEW_S = 5.0
 """How far ahead of an executor's clock a command's ``issued_at`` may be. Fleet clocks are
@@ -201,12 +201,12 @@ class ThrottleCommand(Command):
         return rules
 
     action: ThrottleAction
-    power_limit_watts: NonNegFloat | None = None
+    power_limit_watts: Watts | None = None
     clock_mode: ClockMode | None = None
     batch_size_max: Count | None = None
     admission_ratio: Ratio | None = None
     optional_budget_ratio: Ratio | None = None
-    funnel_extra_candidates: NonNegFloat | None = Field(
+    funnel_extra_candidates: Annotated[float, Field(ge=0.0, le=1_000.0)] | None = Field(
         default=None, description="with the budget: extra candidates per request it buys"
     )
     upgrade_ratio: Ratio | None = Field(
@@ -249,7 +249,7 @@ class WarmCommand(Command):
     command_type: Literal["WarmCommand"] = "WarmCommand"
     action: WarmAction
     model: Identifier
-    replicas: Annotated[int, Field(ge=1)] = 1
+    replicas: Annotated[int, Field(ge=1, le=10_000)] = 1  # of one model on one pool
     deadline_at: UtcDatetime | None = Field(
         default=None, description="when the replicas must be serving (warm only)"
     )
@@ -277,7 +277,7 @@ class CommandResult(Contract):
     detail: Annotated[str, Field(max_length=1024)] = ""
     received_at: UtcDatetime
     completed_at: UtcDatetime
-    retry_after_s: NonNegFloat | None = None
+    retry_after_s: Annotated[float, Field(ge=0.0, le=3_600.0)] | None = None
 
 
 class DeadLetter(Contract):

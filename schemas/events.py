@@ -21,13 +21,21 @@ from pydantic import Field
 
 from schemas.base import (
     AcceleratorType,
+    Amperes,
     Celsius,
     Contract,
     Count,
+    FeedWatts,
     Identifier,
-    NonNegFloat,
+    IntervalSeconds,
+    Megahertz,
+    PerSecond,
     Ratio,
+    Seconds,
+    UptimeSeconds,
     UtcDatetime,
+    Volts,
+    Watts,
 )
 
 
@@ -52,16 +60,16 @@ class AcceleratorTelemetry(Event):
 
     gpu_temp_celsius: Celsius | None = None
     memory_temp_celsius: Celsius | None = None
-    power_usage_watts: NonNegFloat | None = None
-    power_limit_watts: NonNegFloat | None = None
-    power_limit_min_watts: NonNegFloat | None = Field(
+    power_usage_watts: Watts | None = None
+    power_limit_watts: Watts | None = None
+    power_limit_min_watts: Watts | None = Field(
         default=None, description="lowest power limit the driver accepts (DCGM field 161)"
     )
-    power_limit_max_watts: NonNegFloat | None = Field(
+    power_limit_max_watts: Watts | None = Field(
         default=None, description="highest power limit the driver accepts (DCGM field 162)"
     )
-    sm_clock_mhz: NonNegFloat | None = None
-    mem_clock_mhz: NonNegFloat | None = None
+    sm_clock_mhz: Megahertz | None = None
+    mem_clock_mhz: Megahertz | None = None
     gpu_util_ratio: Ratio | None = None
     mem_copy_util_ratio: Ratio | None = None
     fb_used_bytes: Count | None = None
@@ -95,11 +103,13 @@ class ProbeResult(Contract):
     probe: ProbeKind
     device_uuid: Identifier | None = None
     passed: bool
-    duration_s: NonNegFloat
-    achieved_per_s: NonNegFloat | None = Field(
-        default=None, description="FLOP/s for gemm, bytes/s for bandwidth probes"
+    duration_s: Seconds
+    achieved_per_s: Annotated[float, Field(ge=0.0, le=1e18)] | None = Field(
+        default=None,
+        description="FLOP/s for gemm, bytes/s for bandwidth probes (at most 1e18: an "
+        "exaFLOP/s per device, hundreds of times today's)",
     )
-    expected_ratio: NonNegFloat | None = Field(
+    expected_ratio: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
         default=None, description="achieved / reference for this accelerator type"
     )
 
@@ -113,7 +123,7 @@ class NodeHealth(Event):
     rack_id: Identifier
     agent_version: Annotated[str, Field(min_length=1, max_length=64)]
     heartbeat_seq: Count
-    uptime_s: NonNegFloat
+    uptime_s: UptimeSeconds
     probes: tuple[ProbeResult, ...] = ()
 
 
@@ -131,11 +141,11 @@ class PduReading(Event):
     pod_id: Identifier
     region: Identifier
     phase: PduPhase
-    power_watts: NonNegFloat
-    capacity_watts: NonNegFloat
-    breaker_limit_watts: NonNegFloat
-    voltage_volts: NonNegFloat | None = None
-    current_amperes: NonNegFloat | None = None
+    power_watts: FeedWatts
+    capacity_watts: FeedWatts
+    breaker_limit_watts: FeedWatts
+    voltage_volts: Volts | None = None
+    current_amperes: Amperes | None = None
 
 
 class ServingMetrics(Event):
@@ -150,15 +160,15 @@ class ServingMetrics(Event):
     pool: Identifier
     region: Identifier
     accelerator_type: AcceleratorType
-    interval_s: Annotated[float, Field(gt=0.0)]
-    tpot_p50_s: NonNegFloat | None = None
-    tpot_p95_s: NonNegFloat | None = None
-    ttft_p50_s: NonNegFloat | None = None
-    ttft_p95_s: NonNegFloat | None = None
+    interval_s: IntervalSeconds
+    tpot_p50_s: Seconds | None = None
+    tpot_p95_s: Seconds | None = None
+    ttft_p50_s: Seconds | None = None
+    ttft_p95_s: Seconds | None = None
     queue_depth: Count
     batch_size: Count
     kv_cache_util_ratio: Ratio | None = None
-    tokens_per_s: NonNegFloat
+    tokens_per_s: PerSecond
     requests: Count
     errors: Count
     optional_requests: Count | None = Field(
@@ -174,7 +184,7 @@ class Demand(Event):
 
     model: Identifier
     region: Identifier
-    interval_s: Annotated[float, Field(gt=0.0)]
+    interval_s: IntervalSeconds
     requests: Count
     prompt_tokens: Count
     generated_tokens: Count

@@ -15,7 +15,16 @@ from uuid import UUID
 
 from pydantic import Field
 
-from schemas.base import AcceleratorType, Contract, Identifier, NonNegFloat, Ratio, UtcDatetime
+from schemas.base import (
+    AcceleratorType,
+    Contract,
+    Identifier,
+    IntervalSeconds,
+    PerSecond,
+    Ratio,
+    Seconds,
+    UtcDatetime,
+)
 
 
 class HealthStatus(StrEnum):
@@ -29,13 +38,20 @@ class HealthStatus(StrEnum):
 
 SEVERITY: dict[HealthStatus, int] = {s: i for i, s in enumerate(HealthStatus)}
 
+Evidence = Annotated[float, Field(ge=-1e15, le=1e15)]
+"""A signal's value or threshold: a rate, a duration, a temperature, a ratio, a count
+over a device's life; none comes near 1e15 (a forged 1e308 does)."""
+Setting = Annotated[float, Field(ge=-1e9, le=1e9)]
+"""What a controller decides, and its PID terms: a ratio, a batch size, watts, replicas;
+all well under a billion."""
+
 
 class Signal(Contract):
     """One piece of evidence: what was measured, against what threshold."""
 
     name: Identifier
-    value: float
-    threshold: float
+    value: Evidence
+    threshold: Evidence
 
 
 class Verdict(Contract):
@@ -85,11 +101,11 @@ class Decision(Contract):
     cause_event_id: UUID | None = None
     cause_observed_at: UtcDatetime | None = None
     cause_appended_at: UtcDatetime | None = None
-    p_term: float | None = None
-    i_term: float | None = None
-    d_term: float | None = None
-    desired: float | None = None
-    applied: float | None = None
+    p_term: Setting | None = None
+    i_term: Setting | None = None
+    d_term: Setting | None = None
+    desired: Setting | None = None
+    applied: Setting | None = None
 
 
 class Forecast(Contract):
@@ -100,10 +116,10 @@ class Forecast(Contract):
     target_at: UtcDatetime
     model: Identifier
     region: Identifier
-    horizon_s: NonNegFloat
-    step_s: Annotated[float, Field(gt=0.0)]
-    observed_rps: NonNegFloat = Field(description="demand in the step just ended")
-    point_rps: NonNegFloat
-    low_rps: NonNegFloat
-    high_rps: NonNegFloat
+    horizon_s: Seconds
+    step_s: IntervalSeconds
+    observed_rps: PerSecond = Field(description="demand in the step just ended")
+    point_rps: PerSecond
+    low_rps: PerSecond
+    high_rps: PerSecond
     chosen: Identifier = Field(description="the candidate model with the lowest recent error")
