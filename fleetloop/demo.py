@@ -12,7 +12,8 @@ nowhere and warms it. Beside them, a scripted operator reads only ClickHouse
 and acts only through signed commands on Kafka:
 
 - the isolation controller's quarantine, replayed byte for byte -> ``duplicate``;
-- a forged and an expired command, which the executors refuse with a result.
+- a forged, an expired and a future-dated command, which the executors refuse with a
+  result each (bad_signature, expired, bad_time).
 
 It starts clean (``--resume`` keeps ``var/``), waits until the worker's committed
 offsets reach the end of every ingested topic before it counts anything, and ends
@@ -397,8 +398,17 @@ def _play(op: Operator, procs: dict[str, subprocess.Popen[bytes]], budget_s: flo
         at=now - timedelta(minutes=10),
         ttl_s=60,
     )
-    op.send([(ROUTE_COMMANDS, forged), (ROUTE_COMMANDS, expired)], raw=MALFORMED)
-    print("[demo] sent a forged and an expired command, and 3 malformed telemetry messages")
+    future = op.route(  # validly signed, but dated an hour ahead of the executors' clock
+        "node-00003-gpu0", RouteAction.DRAIN, "demo_future", at=now + timedelta(hours=1)
+    )
+    op.send(
+        [(ROUTE_COMMANDS, forged), (ROUTE_COMMANDS, expired), (ROUTE_COMMANDS, future)],
+        raw=MALFORMED,
+    )
+    print(
+        "[demo] sent a forged, an expired and a future-dated command, "
+        "and 3 malformed telemetry messages"
+    )
     replayed = False
     seen: set[tuple[str, str]] = set()
     deadline = time.monotonic() + budget_s
