@@ -94,6 +94,8 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def from_schema(schema: dict[str, Any], defs: dict[str, Any]) -> st.SearchStrategy[Json]:
     """Values that a pydantic JSON schema describes (the subset pydantic emits)."""
     schema = _resolve(schema, defs)
+    if "properties" in schema:  # an object: its anyOf/allOf are cross-field rules, not shapes
+        schema = {k: v for k, v in schema.items() if k not in ("anyOf", "allOf")}
     if "anyOf" in schema:
         return st.one_of([from_schema(s, defs) for s in schema["anyOf"]])
     if "allOf" in schema:
