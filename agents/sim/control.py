@@ -22,6 +22,7 @@ ADMISSION = {
     RouteAction.QUARANTINE: AdminState.QUARANTINED,
     RouteAction.RESTORE: AdminState.ACTIVE,
 }
+STRICTNESS = {state: rank for rank, state in enumerate(AdminState)}  # active .. quarantined
 RETRY_WHEN_NO_CAPACITY_S = 30.0
 
 
@@ -54,7 +55,12 @@ class SimControl:
         self, device_uuid: str, action: RouteAction, *, weight_ratio: float | None
     ) -> str:
         dev = self._device(device_uuid)
-        dev.admin = ADMISSION[action]
+        wanted = ADMISSION[action]
+        if action is not RouteAction.RESTORE and STRICTNESS[wanted] < STRICTNESS[dev.admin]:
+            # a controller that forgot (a restart) must not hand a drained or quarantined
+            # device traffic again: only a restore loosens it
+            return f"{dev.uuid} stays {dev.admin.value}: only a restore loosens it"
+        dev.admin = wanted
         ratio = weight_ratio if action is RouteAction.DEWEIGHT else None
         dev.weight_ratio = 1.0 if ratio is None else ratio  # a weight of 0 is 0
         if action is RouteAction.DEWEIGHT:

@@ -303,3 +303,26 @@ def test_a_weight_of_zero_is_zero() -> None:
     result = dispatcher.handle(zero, now=now, received_at=now)
     assert result is not None and result.status is ResultStatus.APPLIED
     assert sim.fleet.devices[DEVICE.device_uuid or ""].weight_ratio == 0.0
+
+
+def test_only_a_restore_loosens_an_isolated_device() -> None:
+    # a health worker that lost its ladder (a restart) asks for a de-weight again: the
+    # drained device stays drained until a restore
+    sim, dispatcher = _dispatcher()
+    now = sim.fleet.now
+    device = sim.fleet.devices[DEVICE.device_uuid or ""]
+
+    def send(action: RouteAction, **fields: object) -> str:
+        command = _command(RouteCommand, target=DEVICE, action=action, **fields)
+        result = dispatcher.handle(command, now=now, received_at=now)
+        assert result is not None and result.status is ResultStatus.APPLIED, result
+        return str(result.detail)
+
+    send(RouteAction.DRAIN)
+    assert "stays draining" in send(RouteAction.DEWEIGHT, weight_ratio=0.5)
+    assert device.admin.value == "draining" and device.weight_ratio == 1.0
+    send(RouteAction.QUARANTINE)  # stricter still: taken
+    send(RouteAction.RESTORE)
+    assert device.admin.value == "active"
+    send(RouteAction.DEWEIGHT, weight_ratio=0.5)
+    assert device.admin.value == "deweighted" and device.weight_ratio == 0.5
