@@ -40,7 +40,7 @@ from streams.health import add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
-from streams.page_access import NO_ACCESS, PageAccess
+from streams.page_access import PageAccess, refusal
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
@@ -285,7 +285,7 @@ def _add_clickhouse_pages(
     @app.page("/dashboards")
     async def dashboards_page(web: Any, request: Any) -> Any:
         """The Grafana dashboards' panels, run on the data this process owns (read-only)."""
-        refused = NO_ACCESS if access is None else access.host_refusal(request.headers)
+        refused = refusal(access, request.headers, guarded=False)
         if refused is not None:
             return web.json({"error": refused[1]}, status=refused[0])
 
@@ -303,7 +303,7 @@ def _add_clickhouse_pages(
         request (``{"sql": "..."}``), on a fresh bounded session, off the sink's thread."""
 
         async def post(self, request: Any) -> Any:
-            refused = NO_ACCESS if access is None else access.caller_refusal(request.headers)
+            refused = refusal(access, request.headers, guarded=True)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             try:

@@ -33,7 +33,7 @@ from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS, TopicSpec
 from schemas.verdicts import HealthStatus, Verdict
 from streams.outputs import Outputs
-from streams.page_access import NO_ACCESS, PageAccess
+from streams.page_access import PageAccess, refusal
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _add_isolation(
         """GET: the guardrail's state; POST /guardrail/reset: a person lifts a lockout."""
 
         async def get(self, request: Any) -> Any:
-            refused = NO_ACCESS if access is None else access.host_refusal(request.headers)
+            refused = refusal(access, request.headers, guarded=False)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             state = ladder.guard.state
@@ -181,7 +181,7 @@ def _add_isolation(
     @app.page("/guardrail/reset")
     class GuardrailReset(faust.web.View):
         async def post(self, request: Any) -> Any:
-            refused = NO_ACCESS if access is None else access.caller_refusal(request.headers)
+            refused = refusal(access, request.headers, guarded=True)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             was = ladder.guard.state.locked_out

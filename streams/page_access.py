@@ -72,3 +72,13 @@ class PageAccess:
         ):
             return 401, "a valid 'Authorization: Bearer <token>' is needed"
         return None
+
+
+def refusal(
+    access: PageAccess | None, headers: Mapping[str, str], *, guarded: bool
+) -> tuple[int, str] | None:
+    """Why a page must not answer (``guarded``: ``/sql`` or a page that changes
+    something), or None; a worker started without access answers no such page."""
+    if access is None:
+        return NO_ACCESS
+    return access.caller_refusal(headers) if guarded else access.host_refusal(headers)

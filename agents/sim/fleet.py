@@ -183,7 +183,7 @@ class Fleet:
         active = self.faults.active(t, self)
         self._apply_node_faults(active, t)
         self._route(active, t)
-        at = self.start + timedelta(seconds=t)  # the routers' breakers run on event time
+        at = self.now  # the routers' breakers run on event time
         if self.batch.active:
             serving = [d for d in self.devices.values() if self._runs_batch(d, t)]
             self.batch.place([(d, self._capacity_rps(d)) for d in serving], dt=dt)
@@ -256,7 +256,7 @@ class Fleet:
         self.offered.clear()
         self.unserved.clear()
         candidates: dict[tuple[str, str], list[tuple[Device, float]]] = {}
-        at = self.start + timedelta(seconds=at_s)
+        at = self.now
         for dev in self.devices.values():
             if dev.model is None or not dev.serving(at_s) or dev.lost:
                 continue
