@@ -96,6 +96,15 @@ class GuardDecision:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How many devices the fleet has, in all and per pool and rack."""
+
+    devices: int
+    pools: dict[str, int]
+    racks: dict[str, int]
+
+
 @dataclass(slots=True)
 class GuardrailState:
     isolated: set[str] = field(default_factory=set)
@@ -143,6 +152,7 @@ class Guardrail:
         self._pool_size: dict[str, int] = {}
         self._rack_size: dict[str, int] = {}
         self._scaling: dict[str, list[datetime]] = {}  # scope -> recent cools
+        self._floor = Sizes(0, {}, {})  # sizes a previous process counted (see resume)
         for pool, rack in self.devices.values():
             self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
             self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
@@ -154,6 +164,22 @@ class Guardrail:
         self.devices[device_uuid] = (pool, rack)
         self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
         self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
+
+    def sizes(self) -> Sizes:
+        """The fleet as counted so far: devices, and devices per pool and per rack."""
+        f, pools, racks = self._floor, self._pool_size, self._rack_size
+        return Sizes(
+            max(f.devices, len(self.devices)),
+            {k: max(f.pools.get(k, 0), pools.get(k, 0)) for k in f.pools | pools},
+            {k: max(f.racks.get(k, 0), racks.get(k, 0)) for k in f.racks | racks},
+        )
+
+    def resume(self, state: GuardrailState, sizes: Sizes) -> None:
+        """Take up a previous process's state and the fleet it had counted: until as many
+        devices are seen again, caps and the lockout ratio use the sizes counted then, not
+        the few devices seen since the restart."""
+        self.state = state
+        self._floor = sizes
 
     def observe(self, at: datetime) -> None:
         """Telemetry observed at ``at`` arrived (keeps the guardrail from failing static)."""
@@ -223,19 +249,21 @@ class Guardrail:
         if proposal.device_uuid in s.isolated:  # a further step on the ladder adds no radius
             return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
         pool, rack = where
-        for reason, key, sizes, ratio in (
+        f = self._floor
+        for reason, key, sizes, floors, ratio in (
             ()
             if proposal.hard
             else (
-                (GuardReason.POOL_CAP, pool, self._pool_size, c.max_isolated_ratio),
-                (GuardReason.RACK_CAP, rack, self._rack_size, c.rack_max_isolated_ratio),
+                (GuardReason.POOL_CAP, pool, self._pool_size, f.pools, c.max_isolated_ratio),
+                (GuardReason.RACK_CAP, rack, self._rack_size, f.racks, c.rack_max_isolated_ratio),
             )
         ):
             members = sum(1 for d in s.isolated if self._where(d, reason) == key)
-            limit = self.cap(sizes[key], ratio)
+            size = max(sizes[key], floors.get(key, 0))
+            limit = self.cap(size, ratio)
             if members + 1 > limit:
                 return GuardDecision(
-                    False, reason, f"{key}: {members} of {sizes[key]} isolated, cap {limit}"
+                    False, reason, f"{key}: {members} of {size} isolated, cap {limit}"
                 )
         in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
         if len(in_window) >= c.max_actions and not proposal.hard:
@@ -246,7 +274,7 @@ class Guardrail:
             )
         s.isolated.add(proposal.device_uuid)
         s.actions = [*recent, now]
-        if len(s.actions) >= c.lockout_ratio * len(self.devices):
+        if len(s.actions) >= c.lockout_ratio * max(len(self.devices), f.devices):
             s.locked_out = True  # this one goes through; the next ones wait for a person
         return GuardDecision(
             True, GuardReason.ALLOWED, f"{pool}: {len(s.isolated)} isolated fleet-wide"

@@ -95,7 +95,9 @@ class LadderDecision:
 
 
 @dataclass(slots=True)
-class _Device:
+class LadderState:
+    """Where one device stands: its rung since when, its probation, its last refusal."""
+
     verdict: Verdict
     rung: Rung = Rung.ACTIVE
     rung_at: datetime | None = None
@@ -111,19 +113,31 @@ class IsolationLadder:
     def __init__(self, config: LadderConfig, guard: Guardrail) -> None:
         self.config = config
         self.guard = guard
-        self.devices: dict[str, _Device] = {}
+        self.devices: dict[str, LadderState] = {}
 
     def rung(self, device_uuid: str) -> Rung:
         d = self.devices.get(device_uuid)
         return Rung.ACTIVE if d is None else d.rung
 
+    def state(self, device_uuid: str) -> LadderState | None:
+        """A device's place on the ladder (``None``: no verdict seen for it)."""
+        return self.devices.get(device_uuid)
+
+    def adopt(self, device_uuid: str, state: LadderState) -> None:
+        """Resume a device where a previous process left it (from its durable state)."""
+        self.guard.register(device_uuid, pool=state.verdict.pool, rack=state.verdict.rack_id)
+        self.devices[device_uuid] = state
+
     def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:
-        """A new verdict arrived; returns the steps it causes (maybe none)."""
+        """A new verdict arrived; returns the steps it causes (maybe none). A verdict older
+        than the device's last one changes nothing."""
         self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
         self.guard.observe(verdict.observed_at)
         d = self.devices.get(verdict.device_uuid)
         if d is None:
-            d = self.devices[verdict.device_uuid] = _Device(verdict)
+            d = self.devices[verdict.device_uuid] = LadderState(verdict)
+        elif verdict.observed_at < d.verdict.observed_at:
+            return []  # older than what the ladder acted on (a replay after a restart): no news
         worse = verdict.status is not HealthStatus.HEALTHY
         if worse:
             d.healthy_since = None
@@ -141,7 +155,7 @@ class IsolationLadder:
             out.extend(self._step(device_uuid, d, now))
         return out
 
-    def _step(self, device_uuid: str, device: _Device, now: datetime) -> list[LadderDecision]:
+    def _step(self, device_uuid: str, device: LadderState, now: datetime) -> list[LadderDecision]:
         c, v = self.config, device.verdict
         status = v.status
         if status is HealthStatus.HEALTHY:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
+from schemas.state import IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
 
 DAY_MS = 24 * 3600 * 1000
@@ -25,6 +26,7 @@ class TopicKind(StrEnum):
     DECISION = "decision"
     FORECAST = "forecast"
     DEAD_LETTER = "dead_letter"
+    STATE = "state"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,9 @@ class TopicSpec:
         return "|".join(str(getattr(value, f)) for f in self.key_fields).encode()
 
     def config(self) -> dict[str, str]:
-        """Broker-side topic configuration."""
+        """Broker-side topic configuration (``retention_ms < 0``: kept until superseded)."""
+        if self.retention_ms < 0:
+            return {"retention.ms": "-1", "cleanup.policy": "compact"}
         return {
             "retention.ms": str(self.retention_ms),
             "cleanup.policy": "compact,delete" if self.compacted else "delete",
@@ -195,9 +199,23 @@ INGESTED_TOPICS: tuple[TopicSpec, ...] = (
 )
 """Topics the stream worker writes to ClickHouse; each has a dead letter twin."""
 
+ISOLATION_STATE = TopicSpec(
+    "state.isolation.v1",
+    TopicKind.STATE,
+    IsolationRecord,
+    ("key",),
+    partitions=1,  # one isolation controller owns it, beside the one verdict partition
+    retention_ms=-1,  # kept until superseded: compaction only, never expired by age
+    compacted=True,
+)
+"""The isolation processor's durable state (:mod:`schemas.state`); not ingested."""
+
+STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE,)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INGESTED_TOPICS,
     *(dead_letter_topic(t) for t in INGESTED_TOPICS),
+    *STATE_TOPICS,
 )
 
 _BY_NAME = {t.name: t for t in ALL_TOPICS}

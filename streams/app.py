@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import faust
 from prometheus_client import (
@@ -36,6 +35,7 @@ from sre.results import QueryResult
 from streams.clickhouse_store import ClickHouseStore
 from streams.control import add_control
 from streams.demand import add_demand
+from streams.fatal import fail_stop
 from streams.health import add_health
 from streams.ingest import RawMessage, split
 from streams.lag import fetch_lag
@@ -45,7 +45,6 @@ from streams.rows import Coordinates
 from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
-EXIT_PROCESSING_FAILED = 70  # EX_SOFTWARE
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +106,6 @@ class IngestMetrics:
             "Lag measurements that failed (the broker did not answer)",
             registry=registry,
         )
-
-
-def fail_stop(processor: str, exc: BaseException) -> NoReturn:
-    """End the worker process now; never let a processor continue past a failed batch.
-
-    faust would restart a crashed agent and carry on with later batches, whose
-    writes move the sink's watermarks past the failed one, which would then be
-    skipped on replay: lost. Exiting keeps the failed batch uncommitted and
-    unwritten, so the restarted worker (systemd, compose, Kubernetes) redoes it.
-    """
-    log.critical("processor %s failed; stopping the worker: %r", processor, exc, exc_info=exc)
-    logging.shutdown()
-    os._exit(EXIT_PROCESSING_FAILED)
 
 
 def create_app(

@@ -10,30 +10,46 @@ the step is allowed and a signing key is configured (advisory otherwise: the
 decision says what would have been sent). A one-second timer lets dwell times
 and probations run out.
 
-Both keep their model state in memory; a restarted worker relearns it (the
-cohorts within a minute, a device's history over its next samples).
+The ladder and its guardrail are durable: every change is written to the
+compacted ``state.isolation.v1`` (:mod:`planning.isolation_state`), acknowledged
+before the commands it leads to are sent, and read back before the first
+decision after a start or a rebalance. The detector keeps its models in
+memory; a restarted worker relearns them (the cohorts within a minute, a
+device's history over its next samples).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import faust
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
-from controllers.isolation import LadderDecision
+from controllers.isolation import IsolationLadder, LadderDecision
 from planning import isolation
 from planning.isolation import HealthWiring, decide
+from planning.isolation_state import IsolationJournal, resume
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.topics import ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS, TopicSpec
+from schemas.state import IsolationRecord
+from schemas.topics import (
+    ACCELERATOR,
+    ISOLATION_STATE,
+    NODE_HEALTH,
+    SERVING,
+    VERDICTS,
+    TopicSpec,
+)
 from schemas.verdicts import HealthStatus, Verdict
+from streams.fatal import fail_stop
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
+from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +72,21 @@ class HealthMetrics:
         )  # fmt: skip
         self.devices = Gauge(
             "fleetloop_health_devices", "Devices the health detector tracks", registry=registry
+        )
+        self.state_writes = Counter(
+            "fleetloop_isolation_state_writes_total",
+            "Records of the isolation state written to its compacted topic",
+            registry=registry,
+        )
+        self.resumes = Counter(
+            "fleetloop_isolation_state_resumes_total",
+            "Times the isolation state was read back (a start, a rebalance)",
+            registry=registry,
+        )
+        self.resent = Counter(
+            "fleetloop_commands_resent_total",
+            "Commands a previous owner issued, sent again on resume (executors drop copies)",
+            registry=registry,
         )
         self.locked_out = Gauge(
             "fleetloop_guardrail_locked_out",
@@ -124,6 +155,19 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
     app.agent(source, name="health.detect", concurrency=1)(detect)
 
 
+class _Held:
+    """The isolation state this worker holds while it owns the verdict partition: ``ladder``
+    is ``None`` until it is resumed from the state topic (and again once the partition is
+    revoked), so nothing decides on state it has not read back."""
+
+    def __init__(self) -> None:
+        self.ladder: IsolationLadder | None = None
+        self.journal = IsolationJournal()
+        self.clock = EventClock()
+        self.resend = False  # commands the previous owner issued go out again, once
+        self.lock = asyncio.Lock()
+
+
 def _add_isolation(
     app: faust.App,
     wiring: HealthWiring,
@@ -131,32 +175,82 @@ def _add_isolation(
     outputs: Outputs,
     access: PageAccess | None,
 ) -> None:
-    ladder = isolation.ladder(wiring)
-    clock = EventClock()
-    source = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    verdict_topic = wiring.topic_prefix + VERDICTS.name
+    source = app.topic(verdict_topic, value_type=bytes, key_type=bytes)
+    state = StateTopic(
+        app, wiring.topic_prefix + ISOLATION_STATE.name, partitions=ISOLATION_STATE.partitions
+    )
+    held = _Held()
 
-    async def publish(steps: list[LadderDecision], now: datetime) -> None:
-        await outputs.publish(decide(step, now, wiring) for step in steps)
+    async def resume_state() -> IsolationLadder:
+        records = await state.load(IsolationRecord)
+        held.ladder, held.journal = resume(wiring, records.values())
+        held.clock, held.resend = EventClock(), True
+        guard = held.ladder.guard.state
+        log.info(
+            "isolation state resumed from %s: %d devices on the ladder, %d isolated, locked "
+            "out: %s", state.name, len(held.ladder.devices), len(guard.isolated),
+            guard.locked_out,
+        )  # fmt: skip
+        metrics.resumes.inc()
+        return held.ladder
+
+    async def publish(
+        ladder: IsolationLadder, steps: list[LadderDecision], touched: set[str], now: datetime
+    ) -> None:
+        out = [decide(step, now, wiring) for step in steps]
+        changes = held.journal.changes(ladder, touched=touched, outputs=out, now=now)
+        metrics.state_writes.inc(await state.write(changes))  # on the broker before we act
+        if held.resend:
+            held.resend = False
+            pending = held.journal.pending(now)
+            await outputs.resend(pending)
+            metrics.resent.inc(len(pending))
+        await outputs.publish(out)
         metrics.isolated.set(len(ladder.guard.state.isolated))
         metrics.locked_out.set(1 if ladder.guard.state.locked_out else 0)
 
+    async def isolate_batch(events: list[Any]) -> None:
+        ladder = held.ladder or await resume_state()
+        steps: list[LadderDecision] = []
+        touched: set[str] = set()
+        for e in events:
+            try:
+                v = decode(e.message.value, Verdict)
+            except DecodeError:
+                metrics.skipped.inc()
+                continue
+            held.clock.observe(v.observed_at, time.monotonic())
+            steps += ladder.verdict(v, now=held.clock.now(time.monotonic()))
+            touched.add(v.device_uuid)
+        if held.clock.started:
+            await publish(ladder, steps, touched, held.clock.now(time.monotonic()))
+
     async def isolate(stream: Any) -> None:
-        async for events in stream.take_events(1_000, within=wiring.batch_within_s):
-            for e in events:
-                try:
-                    v = decode(e.message.value, Verdict)
-                except DecodeError:
-                    metrics.skipped.inc()
-                    continue
-                clock.observe(v.observed_at, time.monotonic())
-                now = clock.now(time.monotonic())
-                await publish(ladder.verdict(v, now=now), now)
+        async for events in stream.noack_take(1_000, within=wiring.batch_within_s):
+            try:
+                async with held.lock:
+                    await isolate_batch(events)
+            except Exception as exc:  # state not written or not read: never decide past it
+                fail_stop("health.isolate", exc)
+            for event in events:
+                await stream.ack(event)
 
     async def ladder_tick() -> None:
-        if clock.started:
-            now = clock.now(time.monotonic())
-            await publish(ladder.tick(now), now)
+        try:
+            async with held.lock:
+                if held.ladder is not None and held.clock.started:
+                    now = held.clock.now(time.monotonic())
+                    await publish(held.ladder, held.ladder.tick(now), set(), now)
+        except Exception as exc:
+            fail_stop("health.ladder_tick", exc)
 
+    async def revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
+        if any(tp.topic == verdict_topic for tp in revoked):
+            async with held.lock:  # another worker may own it next: read it back if it returns
+                held.ladder = None
+
+    cast(Any, app.on_partitions_revoked).connect(revoked)
     isolate.__name__ = isolate.__qualname__ = "health.isolate"
     app.agent(source, name="health.isolate", concurrency=1)(isolate)
     app.timer(interval=1.0, name="health.ladder_tick")(ladder_tick)
@@ -166,10 +260,11 @@ def _add_isolation(
         """GET: the guardrail's state; POST /guardrail/reset: a person lifts a lockout."""
 
         async def get(self, request: Any) -> Any:
-            refused = refusal(access, request.headers, guarded=False)
+            refused = refusal(access, request.headers, guarded=False) or _not_owner(held)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
-            state = ladder.guard.state
+            assert held.ladder is not None
+            state = held.ladder.guard.state
             return self.json(
                 {
                     "locked_out": state.locked_out,
@@ -181,11 +276,27 @@ def _add_isolation(
     @app.page("/guardrail/reset")
     class GuardrailReset(faust.web.View):
         async def post(self, request: Any) -> Any:
-            refused = refusal(access, request.headers, guarded=True)
+            refused = refusal(access, request.headers, guarded=True) or _not_owner(held)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
-            was = ladder.guard.state.locked_out
-            ladder.guard.reset()
+            async with held.lock:
+                ladder = held.ladder
+                if ladder is None:
+                    return self.json({"error": "isolation state moved; ask again"}, status=503)
+                was = ladder.guard.state.locked_out
+                ladder.guard.reset()
+                now = held.clock.now(time.monotonic()) if held.clock.started else datetime.now(UTC)
+                changes = held.journal.changes(ladder, touched=set(), outputs=[], now=now)
+                metrics.state_writes.inc(await state.write(changes))  # a restart keeps it lifted
             metrics.locked_out.set(0)
             log.warning("guardrail reset by a person (was locked out: %s)", was)
             return self.json({"locked_out": False, "was_locked_out": was})
+
+
+def _not_owner(held: _Held) -> tuple[int, str] | None:
+    if held.ladder is None:
+        return (
+            503,
+            "this worker holds no isolation state now (not the verdicts' owner, or resuming)",
+        )
+    return None

@@ -93,3 +93,13 @@ class Outputs:
                 self.metrics.commands.labels(type(command).__name__, command.action.value).inc()
             await self.decisions.send(key=DECISIONS.key_for(d), value=encode(d))
             self.metrics.decisions.labels(d.controller, d.outcome.value, d.reason).inc()
+
+    async def resend(
+        self, commands: Iterable[RouteCommand | ThrottleCommand | WarmCommand]
+    ) -> None:
+        """Send commands already issued (and recorded with their decisions) once more: what a
+        resumed controller does with the commands its previous process may not have sent.
+        Same id, same signature: an executor that applied one answers ``duplicate``."""
+        for command in commands:
+            spec = controller(command.issuer).topic
+            await self.commands[spec.name].send(key=spec.key_for(command), value=encode(command))

@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from schemas.codec import encode
 from schemas.topics import ACCELERATOR
-from streams.app import EXIT_PROCESSING_FAILED, WorkerConfig, create_app
+from streams.app import WorkerConfig, create_app
 from streams.clickhouse_store import ClickHouseStore
+from streams.fatal import EXIT_PROCESSING_FAILED
 from tests.factories import fleet_events
 
 
@@ -67,7 +68,7 @@ def test_a_failed_batch_calls_on_fatal_with_the_processor(
 
 
 def test_fail_stop_ends_the_process_with_a_failure_code() -> None:
-    code = "from streams.app import fail_stop; fail_stop('ingest.demand', RuntimeError('boom'))"
+    code = "from streams.fatal import fail_stop; fail_stop('ingest.demand', RuntimeError('boom'))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )

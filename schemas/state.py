@@ -1,0 +1,66 @@
+"""Decision state that must outlive a process: the isolation ladder and its guardrail.
+
+The isolation processor keeps these on a compacted topic (``state.isolation.v1``),
+one record per key, and reads them back before its first decision after a start
+or a rebalance, so a crash never forgets an isolation, a rung, a rate-limit
+history or a lockout that waits for a person.
+
+- key ``device/<uuid>``: an :class:`IsolationRecord` with ``device`` set, for a
+  device off the bottom rung; a tombstone (null value) once it is restored;
+- key ``guardrail``: the guardrail's isolated set, recent isolating actions,
+  lockout and the fleet's size as last counted (so caps and the lockout ratio are
+  not computed over the few devices seen since the restart).
+
+Records are written, and acknowledged by the broker, before the commands they
+lead to are sent: a crash in between leaves a state that is ahead of the fleet
+(a device counted as isolated whose command never left), never behind it. The
+last command of each device rides along and is sent again on restore until it
+expires; executors drop the copy they already applied (replay memory).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from schemas.base import Contract, Count, Identifier, UtcDatetime
+from schemas.commands import RouteCommand
+from schemas.verdicts import Verdict
+
+GUARDRAIL_KEY = "guardrail"
+DEVICE_KEY_PREFIX = "device/"
+
+
+class LadderEntry(Contract):
+    """One device off the ladder's bottom rung (0 in service, 4 quarantined), or back on it
+    with its restore command not yet expired."""
+
+    rung: Annotated[int, Field(ge=0, le=4)]
+    rung_at: UtcDatetime | None = None
+    healthy_since: UtcDatetime | None = None
+    refused_at: UtcDatetime | None = None
+    refused_for: Annotated[str, Field(max_length=64)] = ""
+    verdict: Verdict = Field(description="the newest verdict the ladder acted on")
+    command: RouteCommand | None = Field(
+        default=None, description="the last command issued for it: sent again on restore"
+    )
+
+
+class GuardrailEntry(Contract):
+    """What the guardrail needs to keep its caps, rate limit and lockout across a restart."""
+
+    isolated: tuple[Identifier, ...] = ()
+    actions: tuple[UtcDatetime, ...] = Field(default=(), description="isolating actions")
+    locked_out: bool = False
+    devices: Count = Field(default=0, description="devices the guardrail knew")
+    pool_sizes: dict[Identifier, Count] = Field(default_factory=dict)
+    rack_sizes: dict[Identifier, Count] = Field(default_factory=dict)
+
+
+class IsolationRecord(Contract):
+    """One record of ``state.isolation.v1``: a device's ladder entry or the guardrail."""
+
+    key: Annotated[str, Field(min_length=1, max_length=160)]
+    device: LadderEntry | None = None
+    guardrail: GuardrailEntry | None = None
