@@ -9,17 +9,21 @@ raises). ``drain_spool`` sends spooled segments, oldest first, once the broker
 answers again.
 
 aiokafka retries buffered events forever while the broker is away, so a
-spooled segment whose events aiokafka still holds is insurance: it is deleted
-once those retries succeed and sent only if they fail or the agent restarts.
-Delivery is at least once (a restart can resend what aiokafka had delivered);
-nothing is lost.
+spooled segment whose events aiokafka still holds is insurance: each record's
+own delivery is awaited, the delivered ones are dropped from it, and only the
+rest are sent again (never while aiokafka may still deliver the original).
+Delivery is at least once: a record whose acknowledgement was lost, or a
+segment an agent restarted with, can reach the broker twice. Every record sent
+again carries the header ``fleetloop-resent``, so the ingest sink looks those
+(and only those) up by ``event_id`` and stores each event once; nothing is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -28,9 +32,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from agents.spool import AppendReport, DiskSpool, SpooledRecord
 from schemas.base import Contract
 from schemas.codec import encode
-from schemas.topics import TopicSpec
+from schemas.topics import RESENT_HEADER, TopicSpec
 
 log = logging.getLogger(__name__)
+
+
+_RESENT = [(RESENT_HEADER, b"1")]
 
 
 class PublishError(RuntimeError):
@@ -93,11 +100,15 @@ class KafkaPublisher:
         linger_ms: int = 5,
         client_id: str = "fleetloop-agent",
         compression_type: str | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.topic_prefix = topic_prefix
         self.metrics = PublisherMetrics(registry or CollectorRegistry())
         self.spool = spool
         self.send_timeout_s = send_timeout_s
+        # the record timestamp: None leaves it to the producer (CreateTime) or the broker
+        # (LogAppendTime, production); a simulator passes its own clock, the world's time
+        self.clock = clock
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             acks="all",
@@ -109,6 +120,7 @@ class KafkaPublisher:
             request_timeout_ms=int(send_timeout_s * 1000),
         )
         self._pending: list[tuple[SpooledRecord, asyncio.Future[object]]] = []
+        # segment -> each of its records' delivery by aiokafka (failed ones are sent again)
         self._insured: dict[Path, list[asyncio.Future[object]]] = {}
         self._per_topic: dict[str, tuple[Counter, Counter]] = {}
         if spool is not None:
@@ -147,8 +159,13 @@ class KafkaPublisher:
         """Queue raw bytes (tests use this for malformed input)."""
         await self._send(SpooledRecord(self.topic_prefix + topic, key, value))
 
+    def _timestamp_ms(self) -> int | None:
+        return None if self.clock is None else int(self.clock().timestamp() * 1000)
+
     async def _send(self, record: SpooledRecord) -> None:
-        future = await self._producer.send(record.topic, value=record.value, key=record.key)
+        future = await self._producer.send(
+            record.topic, value=record.value, key=record.key, timestamp_ms=self._timestamp_ms()
+        )
         self._pending.append((record, future))
 
     async def publish_all(self, events: Iterable[tuple[TopicSpec, Contract]]) -> int:
@@ -185,8 +202,7 @@ class KafkaPublisher:
                 self.metrics.errors.labels(record.topic).inc()
                 failed.append(record)
                 first_error = first_error or outcome
-                if not future.done():
-                    in_flight.append(future)
+                in_flight.append(future)
             else:
                 self._count_acked(record)
         if failed:
@@ -195,9 +211,9 @@ class KafkaPublisher:
                     f"{len(failed)} of {len(pending)} events not acknowledged: {first_error!r}"
                 )
             report = self._spool(failed)
-            if report.segment is not None and len(in_flight) == len(failed):
-                # aiokafka still holds every one of them and will retry: the segment is
-                # insurance, resent only if those retries fail or this process dies.
+            if report.segment is not None and not all(f.done() for f in in_flight):
+                # aiokafka still holds some and will retry them: until it is done with them,
+                # the segment is insurance, and then only what it failed to deliver is sent.
                 self._insured[report.segment] = in_flight
             log.warning(
                 "broker did not acknowledge %d events (%r): spooled", len(failed), first_error
@@ -223,43 +239,39 @@ class KafkaPublisher:
         self.metrics.spool_bytes.set(self.spool.bytes_used())
         return report
 
-    def _settle_insured(self, segment: Path) -> bool | None:
-        """For an insured segment: True when aiokafka delivered it all, False when a retry
-        failed (the segment must be sent), None while retries are still in flight."""
-        futures = self._insured[segment]
-        if not all(f.done() for f in futures):
-            return None
-        del self._insured[segment]
-        return all(not f.cancelled() and f.exception() is None for f in futures)
-
     async def drain_spool(self) -> int:
         """Send spooled segments oldest first; stop at the first that fails. Return sent.
 
-        A segment whose events aiokafka is still retrying is not sent again (that
-        would only queue copies behind them); draining waits until those retries
-        end, and deletes the segment if they succeeded.
+        A record aiokafka is still retrying is not sent again (that would only
+        queue a copy behind it); draining waits until its retries end, and sends
+        only the records they did not deliver, each with the resent header.
         """
         if self.spool is None:
             return 0
         sent = 0
         for segment in self.spool.segments():
-            delivered = self._settle_insured(segment) if segment in self._insured else False
-            if delivered is None:
-                break  # the broker has not answered aiokafka's retries yet
             records = self.spool.load(segment)
-            if delivered:
-                self.spool.remove(segment)
-                self._count_drained(records)
-                sent += len(records)
-                continue
-            futures = [
-                await self._producer.send(r.topic, value=r.value, key=r.key) for r in records
-            ]
-            results = await self._settle(futures)
+            deliveries = self._insured.get(segment)
+            if deliveries is not None and not all(f.done() for f in deliveries):
+                break  # the broker has not answered aiokafka's retries yet
+            self._insured.pop(segment, None)
+            todo = (
+                list(range(len(records)))  # a send that failed outright, or a past life's
+                if deliveries is None
+                else [i for i, f in enumerate(deliveries) if not _delivered(f)]
+            )
+            futures = {
+                i: await self._producer.send(
+                    records[i].topic, value=records[i].value, key=records[i].key,
+                    headers=_RESENT, timestamp_ms=self._timestamp_ms(),
+                )
+                for i in todo
+            }  # fmt: skip
+            results = await self._settle(list(futures.values()))
             if any(isinstance(r, BaseException) for r in results):
-                if all(not f.done() for f in futures):
-                    self._insured[segment] = futures
-                break  # keep the segment; it is sent whole again later (at least once)
+                done = deliveries or []
+                self._insured[segment] = [futures.get(i) or done[i] for i in range(len(records))]
+                break  # keep the segment; what aiokafka does not deliver is sent again
             self.spool.remove(segment)
             self._count_drained(records)
             sent += len(records)
@@ -280,3 +292,7 @@ class KafkaPublisher:
         for record in records:
             self._count_acked(record)
         self.metrics.respooled.inc(len(records))
+
+
+def _delivered(future: asyncio.Future[object]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None

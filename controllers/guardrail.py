@@ -22,8 +22,10 @@ fail-static for both; a cool (capacity taken away) is also refused while
 locked out and limited to ``max_actions`` per ``rate_window_s`` per scope.
 
 Giving capacity back (restore) is never refused. A proposal marked ``hard``
-(the device has already failed: double-bit ECC, fallen off the bus, no
-heartbeat) takes no healthy capacity away, so it skips checks 3 and 4; it
+(the device has already failed, on confirmed evidence it reported itself: a
+double-bit ECC error, a fatal XID, a failed probe; never on silence, which a
+partition or a clock can fake) takes no healthy capacity away, so it skips
+checks 3 and 4; it
 still fails static and still counts towards the lockout, which is what stops a
 detector gone wrong from quarantining the fleet. Every answer is a
 :class:`GuardDecision` with a closed reason, for ClickHouse, metrics and logs.
@@ -86,7 +88,7 @@ class GuardrailConfig:
 class Proposal:
     device_uuid: str
     isolate: bool  # True: take capacity away; False: give it back
-    hard: bool = False  # the device has already failed: no blast radius or rate to spend
+    hard: bool = False  # failed, on confirmed evidence of its own: no radius or rate to spend
 
 
 @dataclass(frozen=True, slots=True)

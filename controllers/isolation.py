@@ -3,9 +3,12 @@
 Rungs, mildest first: de-weight (``deweight_ratio`` of its traffic), stop new
 sessions, drain, quarantine. What a verdict asks for:
 
-- ``failed`` (a hard fault) -> quarantine at once: there is nothing to wait for,
-  and no healthy capacity to lose (the guardrail's blast-radius caps and rate
-  limit do not apply; fail-static and the lockout do);
+- ``failed`` (a hard fault) -> quarantine at once: there is nothing to wait for.
+  Only evidence the device reported of itself and a second sample confirmed
+  (:data:`~schemas.verdicts.HARD_CONFIRMED`: a double-bit ECC error, a fatal
+  XID, a failed probe) takes no healthy capacity with it and skips the
+  guardrail's blast-radius caps and rate limit; silence, and a single sample,
+  pass them like any isolation (fail-static and the lockout apply to all);
 - ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
   evidence must hold while the device is already lightened);
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
@@ -34,7 +37,7 @@ from enum import IntEnum, StrEnum
 
 from controllers.guardrail import Guardrail, GuardReason, Proposal
 from schemas.commands import RouteAction
-from schemas.verdicts import HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Verdict
 
 
 class Rung(IntEnum):
@@ -143,7 +146,11 @@ class IsolationLadder:
             d.healthy_since = None
         elif d.healthy_since is None or d.verdict.status is not HealthStatus.HEALTHY:
             d.healthy_since = verdict.observed_at
-        if verdict.status is not d.verdict.status or d.refused_for == GuardReason.STALE_TELEMETRY:
+        if (
+            verdict.status is not d.verdict.status
+            or confirmed(verdict) is not confirmed(d.verdict)
+            or d.refused_for == GuardReason.STALE_TELEMETRY
+        ):
             d.refused_at = None  # new or fresh evidence: a refused step may be asked again
         d.verdict = verdict
         return self._step(verdict.device_uuid, d, now)
@@ -180,6 +187,7 @@ class IsolationLadder:
         if target is None or device.rung >= target:
             return []  # suspect: hold; or already far enough up the ladder
         hard = status is HealthStatus.FAILED
+        exempt = hard and confirmed(v)  # no healthy capacity lost, and not one message's word
         dwelling = (
             device.rung_at is not None and (now - device.rung_at).total_seconds() < c.step_dwell_s
         )
@@ -188,7 +196,7 @@ class IsolationLadder:
         if device.refused_at is not None and (now - device.refused_at).total_seconds() < c.retry_s:
             return []
         rung = target if hard else Rung(device.rung + 1)
-        guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=hard), now=now)
+        guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=exempt), now=now)
         if not guard.allowed:
             device.refused_at, device.refused_for = now, guard.reason.value
             return [
@@ -210,6 +218,11 @@ class IsolationLadder:
                 weight_ratio=c.deweight_ratio if rung is Rung.DEWEIGHTED else None,
             )
         ]
+
+
+def confirmed(verdict: Verdict) -> bool:
+    """Whether a verdict carries confirmed evidence the device reported of itself."""
+    return any(s.name == HARD_CONFIRMED and s.value >= s.threshold for s in verdict.signals)
 
 
 REASONS: tuple[str, ...] = (*(r.value for r in LadderReason), *(r.value for r in GuardReason))

@@ -137,12 +137,17 @@ def run_eval_faults(
         if broker is not None:
             broker.down()
     verdicts = [decode(raw, Verdict) for raw, _ in messages[VERDICTS.name]]
-    judged = {
-        v.verdict_id: at for v, (_, at) in zip(verdicts, messages[VERDICTS.name], strict=True)
-    }
     decisions = [decode(raw, Decision) for raw, _ in messages[DECISIONS.name]]
+    # Telemetry records carry the simulator's clock, the world's (``speed`` times the
+    # wall's): the broker time the detector judges on. Commands and verdicts carry the
+    # workers' wall clock. So a cause-to-command latency is taken on the world's clock, to
+    # the decision's instant (the ladder's event clock), and given back in wall seconds;
+    # the verdict's own latency has no clock in common with its cause here and is left out.
+    sent = {decode(raw, RouteCommand).command_id for raw, _ in messages[ROUTE_COMMANDS.name]}
     appended = {
-        decode(raw, RouteCommand).command_id: at for raw, at in messages[ROUTE_COMMANDS.name]
+        d.command_id: d.cause_appended_at + (d.decided_at - d.cause_appended_at) / run.speed
+        for d in decisions
+        if d.command_id in sent and d.cause_appended_at is not None
     }
     with (home / "decisions.jsonl").open("w") as f:  # for a closer look after the run
         for d in decisions:
@@ -154,7 +159,6 @@ def run_eval_faults(
         verdicts,
         decisions,
         appended,
-        judged,
         observed_s=scenario.duration_s,
     )
 

@@ -243,7 +243,13 @@ def run_demo(
         settings = settings.model_copy(
             update={"command_keys": SecretStr(env["FLEETLOOP_COMMAND_KEYS"])}
         )
-    created = asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    created = asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap,
+            prefix=settings.topic_prefix,
+            log_append_time=settings.topic_timestamps == "log_append",
+        )
+    )
     print(f"[demo] topics ready ({len(created)} created)")
     scenario = settings.scenario or DEMO_SCENARIO
     ticks = settings.ticks or 240

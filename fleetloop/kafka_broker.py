@@ -223,6 +223,18 @@ class LocalKafkaBroker:
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
 
+    def kill(self, *, timeout_s: float = 30.0) -> None:
+        """SIGKILL the broker, as a power cut or the OOM killer would: no clean shutdown,
+        so the next :meth:`up` recovers its logs. Returns once the process is gone."""
+        pid = self.pid()
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.pid() is not None:
+            time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+
     def log_tail(self, lines: int = 40) -> str:
         chunks: list[str] = []
         for name in ("stdout.log", "server.log"):

@@ -122,6 +122,7 @@ async def run_loop(
                 spool=spool,
                 send_timeout_s=w.send_timeout_s,
                 client_id=w.client_id,
+                clock=lambda: source.now,
             ) as publisher,
             CommandConsumer(
                 w.bootstrap, group_id=w.group_id, topic_prefix=w.topic_prefix, client_id=w.client_id

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +84,12 @@ class ConnectionSettings(_Base):
         return None if self.clickhouse_url is None else self.clickhouse_url.get_secret_value()
 
     topic_prefix: str = Field("", description="prepended to every topic name (isolation)")
+    topic_timestamps: Literal["log_append", "create"] = Field(
+        "log_append",
+        description="telemetry topics this process creates: log_append stamps records with "
+        "the broker's clock (liveness is judged on it, never on an agent's); create keeps "
+        "the producer's (a simulator, whose clock is its world's)",
+    )
     query_url: str = Field(
         "http://127.0.0.1:6066",
         description="HTTP address of the worker that owns the embedded ClickHouse data",
@@ -173,6 +179,9 @@ class SimSettings(LoopSettings):
     """The closed-loop fleet simulator with its executors (`fleetloop sim`)."""
 
     scenario: Path | None = Field(None, description="scenario file (YAML); a steady fleet if unset")
+    topic_timestamps: Literal["log_append", "create"] = Field(
+        "create", description="a simulator's records carry its own clock: the world's time"
+    )
     nodes: int | None = Field(None, ge=1, description="override the scenario's node count")
     speed: float = Field(1.0, gt=0, le=1000, description="simulated seconds per wall second")
     seed: int | None = Field(None, description="override the scenario's seed")

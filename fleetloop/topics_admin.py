@@ -18,8 +18,11 @@ async def ensure_topics(
     prefix: str = "",
     specs: tuple[TopicSpec, ...] = ALL_TOPICS,
     replication_factor: int = 1,
+    log_append_time: bool = False,
 ) -> list[str]:
-    """Create every topic in ``specs`` that does not exist yet; return the names created."""
+    """Create every topic in ``specs`` that does not exist yet; return the names created.
+    ``log_append_time``: telemetry records carry the broker's time (production); without
+    it, the producer's (a simulator is the clock of its world)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
     await admin.start()
     try:
@@ -29,7 +32,7 @@ async def ensure_topics(
                 name=prefix + spec.name,
                 num_partitions=spec.partitions,
                 replication_factor=replication_factor,
-                topic_configs=spec.config(),
+                topic_configs=spec.config(log_append_time=log_append_time),
             )
             for spec in specs
             if prefix + spec.name not in existing

@@ -65,7 +65,13 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "info") -> None:
             database=settings.clickhouse_database,
         )
         store.apply_schema()
-    asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap,
+            prefix=settings.topic_prefix,
+            log_append_time=settings.topic_timestamps == "log_append",
+        )
+    )
     config = worker_config(settings)
     settings.worker_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(config, store)

@@ -79,7 +79,7 @@ from models.health_state import (
 from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
 from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind, ServingMetrics
-from schemas.verdicts import HealthStatus, Signal, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
 
 POWER_HELD = CLOCKS_SW_POWER_CAP | CLOCKS_HW_POWER_BRAKE  # clocks held down by our hand
 
@@ -104,10 +104,23 @@ class HealthDetector:
         self.node_source: dict[str, Hashable] = {}
         self.watermarks: dict[Hashable, float] = {}  # source -> newest event time read from it
         self.lost_nodes: set[str] = set()
+        self.future_dated = 0  # samples dated past broker time + max_skew_s (clamped)
         self.tpot_peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
         self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
         self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
         self.thermal_fit: dict[AcceleratorType, EwRegression] = {}
+
+    def adopt(self, device_uuid: str, device: DeviceState) -> bool:
+        """Take up a device's record a previous process kept (:mod:`models.health_memory`),
+        unless this one has newer samples of it; returns whether it was taken."""
+        known = self.devices.get(device_uuid)
+        if known is not None and known.live_s >= device.live_s:
+            return False
+        self.devices[device_uuid] = device
+        members = self.node_devices.setdefault(device.node_id, [])
+        if device_uuid not in members:
+            members.append(device_uuid)
+        return True
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -137,15 +150,16 @@ class HealthDetector:
         received_s: float | None = None,
         source: Hashable = None,
     ) -> list[Verdict]:
-        c, t = self.config, sample.observed_at.timestamp()
-        self._advance(source, t)
+        c = self.config
+        t, broker = self._times(sample.observed_at, appended_at)
+        self._advance(source, broker)
         d = self.devices.get(sample.device_uuid)
         if d is None:
             d = self.devices[sample.device_uuid] = DeviceState(
                 sample.node_id, sample.region, sample.rack_id, sample.accelerator_type
             )
             self.node_devices.setdefault(sample.node_id, []).append(sample.device_uuid)
-        dt, d.seen_s, d.source = t - d.seen_s, t, source
+        dt, d.seen_s, d.live_s, d.source = t - d.seen_s, t, broker, source
         if sample.sm_clock_mhz is not None and sample.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, sample.sm_clock_mhz)
             d.clock_ratio = sample.sm_clock_mhz / d.clock_max_mhz
@@ -157,6 +171,8 @@ class HealthDetector:
             else:
                 d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s][-7:]
                 d.xid_times.append(t)
+        own = d.dbe > 0 or bool(d.fatal_xid and t - d.fatal_at_s <= c.fatal_latch_s)
+        self._confirm(d, own or d.probe_failed, broker)
         if sample.ecc_sbe_volatile_total is not None:
             self._ecc(d, sample.ecc_sbe_volatile_total, t)
         self._thermal(d, sample, dt)
@@ -180,7 +196,8 @@ class HealthDetector:
             or metrics.requests == 0
         ):
             return []
-        c, t = self.config, metrics.observed_at.timestamp()
+        c = self.config
+        t, _ = self._times(metrics.observed_at, appended_at)
         if t - d.tpot_seen_s > c.tpot_stale_s:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
@@ -219,9 +236,9 @@ class HealthDetector:
         received_s: float | None = None,
         source: Hashable = None,
     ) -> list[Verdict]:
-        t = health.observed_at.timestamp()
-        self._advance(source, t)
-        self.nodes[health.node_id] = t
+        t, broker = self._times(health.observed_at, appended_at)
+        self._advance(source, broker)
+        self.nodes[health.node_id] = broker
         self.node_source[health.node_id] = source
         if received_s is not None:
             self.nodes_wall[health.node_id] = received_s
@@ -235,6 +252,8 @@ class HealthDetector:
                 continue
             touched.add(p.device_uuid or "")
             d.probe_failed = not p.passed
+            if d.probe_failed:
+                self._confirm(d, True, broker)
             if p.expected_ratio is None or not p.passed or d.capped:
                 continue  # a capped device is slow by our own hand: its probe says nothing
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
@@ -272,6 +291,30 @@ class HealthDetector:
             for device_uuid in self.node_devices.get(node, ()):
                 out.extend(self._judge(device_uuid, self.devices[device_uuid], t, None, None))
         return out
+
+    def _times(self, observed_at: datetime, appended_at: datetime | None) -> tuple[float, float]:
+        """(event time, broker time) of a sample, epoch seconds. Broker time is when it
+        reached the broker (its log-append timestamp), or its own time when not known (a
+        replay in process). Event time is the sample's own clock, clamped to at most
+        ``max_skew_s`` past broker time and counted in :attr:`future_dated`: a clock that
+        runs ahead (or a forged date) never moves the detector's time."""
+        t = observed_at.timestamp()
+        if appended_at is None:
+            return t, t
+        broker = appended_at.timestamp()
+        if t > broker + self.config.max_skew_s:
+            self.future_dated += 1
+            return broker + self.config.max_skew_s, broker
+        return t, broker
+
+    def _confirm(self, device: DeviceState, present: bool, broker_s: float) -> None:
+        """Count the samples in a row that carry hard evidence of the device's own (at least
+        ``confirm_gap_s`` apart in broker time): two make it confirmed."""
+        if not present:
+            device.hard_seen = 0
+        elif device.hard_seen == 0 or broker_s - device.hard_at_s >= self.config.confirm_gap_s:
+            device.hard_seen += 1
+            device.hard_at_s = broker_s
 
     def _advance(self, source: Hashable, at_s: float) -> None:
         if at_s > self.watermarks.get(source, -math.inf):
@@ -370,11 +413,14 @@ class HealthDetector:
             hard.append(Signal(name=f"xid_{device.fatal_xid}", value=device.fatal_xid, threshold=0))
         if device.probe_failed:
             hard.append(Signal(name="probe_failed", value=1, threshold=1))
+        if hard:  # evidence of the device's own: one sample says it, two confirm it
+            hard.append(Signal(name=HARD_CONFIRMED, value=device.hard_seen, threshold=2))
+        # silence, judged on broker time, follows; it is never confirmed evidence
         if device.node_id in self.lost_nodes:
-            age = at_s - self.nodes.get(device.node_id, at_s)
+            age = max(0.0, at_s - self.nodes.get(device.node_id, at_s))
             hard.append(Signal(name="heartbeat_lost_s", value=age, threshold=c.heartbeat_timeout_s))
         elif (
-            gap := self.watermarks.get(device.source, device.seen_s) - device.seen_s
+            gap := self.watermarks.get(device.source, device.live_s) - device.live_s
         ) > c.heartbeat_timeout_s:
             # its partition-mates report on, it does not: a device off the bus
             hard.append(Signal(name="device_silent_s", value=gap, threshold=c.heartbeat_timeout_s))
@@ -438,9 +484,15 @@ class HealthDetector:
             status = HealthStatus.HEALTHY
             score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
         score = min(max(score, 0.0), 1.0)
-        if status is device.status and at_s - device.emitted_s < c.verdict_interval_s:
+        confirmed = status is HealthStatus.FAILED and device.hard_seen >= 2
+        if (
+            status is device.status
+            and confirmed is device.confirmed_emitted
+            and at_s - device.emitted_s < c.verdict_interval_s
+        ):
             return []
         previous, device.status, device.emitted_s = device.status, status, at_s
+        device.confirmed_emitted = confirmed
         shown = (hard + over) or soft
         evidence = "; ".join(describe(s, at_s - device.since.get(s.name, at_s)) for s in shown)
         return [

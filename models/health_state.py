@@ -11,6 +11,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from schemas.base import AcceleratorType
+from schemas.commands import MAX_CLOCK_SKEW_S
 from schemas.verdicts import HealthStatus, Signal
 
 
@@ -40,6 +41,10 @@ class HealthConfig:
     xid_flap_count: int = 3
     xid_flap_window_s: float = 300.0
     fatal_latch_s: float = 600.0
+    # how far an event's own clock may run ahead of the broker's before it is clamped: the
+    # bound commands get (MAX_CLOCK_SKEW_S); NTP keeps a host within milliseconds of it
+    max_skew_s: float = MAX_CLOCK_SKEW_S
+    confirm_gap_s: float = 1.0  # hard evidence confirmed: two samples this far apart
 
 
 @dataclass(slots=True)
@@ -51,6 +56,10 @@ class DeviceState:
     rack_id: str
     kind: AcceleratorType
     seen_s: float = 0.0
+    live_s: float = 0.0  # broker time of its newest sample (liveness is judged on it)
+    hard_seen: int = 0  # samples in a row reporting hard evidence of its own (DBE, XID, probe)
+    hard_at_s: float = -math.inf  # broker time of the last of them
+    confirmed_emitted: bool = False
     source: Hashable = None  # where its samples come from (a topic partition)
     clock_max_mhz: float = 0.0
     clock_ratio: float = 1.0

@@ -11,6 +11,7 @@ drives the same function.
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,9 +30,16 @@ class HealthTuning:
     """The health role's settings (``FLEETLOOP_HEALTH__*``, ``--health.*``)."""
 
     batch_within_s: float = 0.05
+    memory_every_s: float = 60.0  # how often the detector's per-device records are kept
     detector: HealthConfig = field(default_factory=HealthConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
     guardrail: GuardrailConfig = field(default_factory=GuardrailConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_within_s", "memory_every_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ expires; executors drop the copy they already applied (replay memory).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -56,6 +56,16 @@ class GuardrailEntry(Contract):
     devices: Count = Field(default=0, description="devices the guardrail knew")
     pool_sizes: dict[Identifier, Count] = Field(default_factory=dict)
     rack_sizes: dict[Identifier, Count] = Field(default_factory=dict)
+
+
+class DetectorMemory(Contract):
+    """One device's record in the health detector (``state.health.v1``, keyed by device, in
+    the partition of its node's telemetry): what a restarted detector would otherwise
+    relearn. ``memory`` is :func:`models.health_memory.remember`'s mapping of plain values."""
+
+    device_uuid: Identifier
+    node_id: Identifier
+    memory: dict[str, Any]
 
 
 class IsolationRecord(Contract):

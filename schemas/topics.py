@@ -12,10 +12,15 @@ from enum import StrEnum
 from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
-from schemas.state import IsolationRecord
+from schemas.state import DetectorMemory, IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
 
 DAY_MS = 24 * 3600 * 1000
+
+RESENT_HEADER = "fleetloop-resent"
+"""Record header an agent puts on a record it sends again from its spool (delivery is at
+least once, so it may be a copy of one the broker has); the sink looks those up by
+``event_id`` and stores each event once."""
 
 
 class TopicKind(StrEnum):
@@ -50,11 +55,19 @@ class TopicSpec:
         """Message key: the key fields joined by ``|`` (node id for telemetry)."""
         return "|".join(str(getattr(value, f)) for f in self.key_fields).encode()
 
-    def config(self) -> dict[str, str]:
-        """Broker-side topic configuration (``retention_ms < 0``: kept until superseded)."""
+    def config(self, *, log_append_time: bool = False) -> dict[str, str]:
+        """Broker-side topic configuration (``retention_ms < 0``: kept until superseded).
+
+        ``log_append_time`` stamps a telemetry topic's records with the broker's clock
+        when they are appended, which is what liveness and silence are judged on; without
+        it the producer's stamp stands (a simulator's clock, in a simulated world).
+        """
+        stamp = "LogAppendTime" if log_append_time and self.kind is TopicKind.TELEMETRY else None
+        config = {"message.timestamp.type": stamp} if stamp else {}
         if self.retention_ms < 0:
-            return {"retention.ms": "-1", "cleanup.policy": "compact"}
+            return {**config, "retention.ms": "-1", "cleanup.policy": "compact"}
         return {
+            **config,
             "retention.ms": str(self.retention_ms),
             "cleanup.policy": "compact,delete" if self.compacted else "delete",
         }
@@ -210,7 +223,18 @@ ISOLATION_STATE = TopicSpec(
 )
 """The isolation processor's durable state (:mod:`schemas.state`); not ingested."""
 
-STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE,)
+HEALTH_STATE = TopicSpec(
+    "state.health.v1",
+    TopicKind.STATE,
+    DetectorMemory,
+    ("device_uuid",),
+    partitions=12,  # as the telemetry: a device's record sits in its node's partition
+    retention_ms=-1,
+    compacted=True,
+)
+"""The health detector's per-device memory (:mod:`models.health_memory`); not ingested."""
+
+STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INGESTED_TOPICS,

@@ -46,6 +46,16 @@ Setting = Annotated[float, Field(ge=-1e9, le=1e9)]
 all well under a billion."""
 
 
+HARD_CONFIRMED = "hard_confirmed"
+"""The signal a ``failed`` verdict carries beside evidence the device reports of itself (a
+double-bit ECC error, a fatal XID, a failed probe): how many samples in a row, at least a
+second apart in broker time, carried it (threshold 2). Only confirmed evidence of the
+device's own lets an isolation skip the pool and rack caps and the rate limit: one forged
+message cannot confirm itself, and a skewed clock cannot produce a device's error counter.
+Silence (a lost heartbeat, a device gone quiet) is judged on broker time and never skips
+them: a partition, a skewed or a stalled agent can fake silence, not an error counter."""
+
+
 class Signal(Contract):
     """One piece of evidence: what was measured, against what threshold."""
 

@@ -42,7 +42,7 @@ from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
 from streams.page_access import PageAccess, refusal
 from streams.rows import Coordinates
-from streams.sink import ClickHouseSink
+from streams.sink import ClickHouseSink, is_resent
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +185,15 @@ def _add_ingest(
         now = datetime.now(UTC)
         messages = [
             RawMessage(
-                Coordinates(e.message.topic, e.message.partition, e.message.offset),
+                Coordinates(
+                    e.message.topic, e.message.partition, e.message.offset,
+                    resent=is_resent(e.message.headers),
+                ),
                 e.message.key,
                 e.message.value,
             )
             for e in events
-        ]
+        ]  # fmt: skip
         result = split(messages, spec.value_type, now=now)
         fresh = await sink.unseen([*result.valid, *result.dead])  # drop what a replay re-read
         deliveries = []

@@ -31,14 +31,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
 from controllers.isolation import IsolationLadder, LadderDecision
+from models.health_memory import recall, remember
 from planning import isolation
 from planning.isolation import HealthWiring, decide
 from planning.isolation_state import IsolationJournal, resume
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.state import IsolationRecord
+from schemas.state import DetectorMemory, IsolationRecord
 from schemas.topics import (
     ACCELERATOR,
+    HEALTH_STATE,
     ISOLATION_STATE,
     NODE_HEALTH,
     SERVING,
@@ -72,6 +74,21 @@ class HealthMetrics:
         )  # fmt: skip
         self.devices = Gauge(
             "fleetloop_health_devices", "Devices the health detector tracks", registry=registry
+        )
+        self.future_dated = Counter(
+            "fleetloop_health_future_dated_total",
+            "Samples dated past the broker's time plus the allowed skew: judged at the bound",
+            registry=registry,
+        )
+        self.recalled = Counter(
+            "fleetloop_health_memory_recalled_devices_total",
+            "Devices whose detector record a previous process kept was taken up",
+            registry=registry,
+        )
+        self.remembered = Counter(
+            "fleetloop_health_memory_written_total",
+            "Device records of the detector written to its compacted topic",
+            registry=registry,
         )
         self.state_writes = Counter(
             "fleetloop_isolation_state_writes_total",
@@ -115,6 +132,41 @@ def add_health(
 def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) -> None:
     detector = isolation.detector(wiring)
     names = [wiring.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
+    memory = StateTopic(
+        app, wiring.topic_prefix + HEALTH_STATE.name, partitions=HEALTH_STATE.partitions
+    )
+    recalled: set[int] = set()  # partitions whose devices' records were read back
+
+    async def recall_partitions(partitions: set[int]) -> None:
+        records = await memory.load(DetectorMemory, only=partitions)
+        taken = sum(detector.adopt(r.device_uuid, recall(r.memory)) for r in records.values())
+        recalled.update(partitions)
+        metrics.recalled.inc(taken)
+        log.info(
+            "detector memory recalled for partitions %s: %d devices", sorted(partitions), taken
+        )
+
+    async def keep_memory() -> None:
+        """Every device's record, to the partition its samples come from (those this worker
+        owns); a crash loses at most ``memory_every_s`` of learning."""
+        by_partition: dict[int, list[tuple[str, DetectorMemory]]] = {}
+        for device_uuid, d in detector.devices.items():
+            if isinstance(d.source, tuple) and d.source[1] in recalled:
+                record = DetectorMemory(
+                    device_uuid=device_uuid, node_id=d.node_id, memory=remember(d)
+                )
+                by_partition.setdefault(d.source[1], []).append((device_uuid, record))
+        try:
+            for partition, records in by_partition.items():
+                metrics.remembered.inc(await memory.write(records, partition=partition))
+        except Exception as exc:  # the next round writes them again
+            log.warning("detector memory not kept this round: %r", exc)
+
+    async def moved(sender: Any, revoked: set[Any], **_: Any) -> None:
+        recalled.difference_update(tp.partition for tp in revoked if tp.topic in names)
+
+    cast(Any, app.on_partitions_revoked).connect(moved)
+    app.timer(interval=wiring.memory_every_s, name="health.keep_memory")(keep_memory)
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     verdicts = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
     kinds: dict[str, tuple[type[Any], Any]] = {
@@ -123,9 +175,13 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
         names[2]: (ServingMetrics, metrics.scoring.labels("health_peers")),
     }
     by_status = {s: metrics.verdicts.labels(s.value) for s in HealthStatus}
+    counted = [0]  # detector.future_dated already counted in the metric
 
     async def detect(stream: Any) -> None:
         async for events in stream.take_events(5_000, within=wiring.batch_within_s):
+            new = {e.message.partition for e in events} - recalled
+            if new:  # before any sample of theirs: what a previous process learned
+                await recall_partitions(new)
             out: list[Verdict] = []
             newest: datetime | None = None
             received = time.monotonic()
@@ -143,9 +199,11 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
                     value, appended_at=appended, received_s=received, source=source
                 )
                 timer.observe(time.perf_counter() - started)
-                newest = value.observed_at if newest is None else max(newest, value.observed_at)
-            if newest is not None:
+                newest = appended if newest is None else max(newest, appended)
+            if newest is not None:  # time passes on the broker's clock, never an agent's
                 out += detector.tick(newest, wall_s=time.monotonic())
+            metrics.future_dated.inc(detector.future_dated - counted[0])
+            counted[0] = detector.future_dated
             for v in out:
                 await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
                 by_status[v.status].inc()

@@ -38,6 +38,7 @@ class Coordinates:
     topic: str
     partition: int
     offset: int
+    resent: bool = False  # sent again from an agent's spool: may be a copy of a stored event
 
 
 @dataclass(frozen=True, slots=True)

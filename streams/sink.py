@@ -18,12 +18,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from schemas.base import Contract
+from schemas.topics import RESENT_HEADER
 from streams.clickhouse_store import ClickHouseStore
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, TableLayout, instant_json
 
@@ -89,6 +90,13 @@ class SinkMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        self.copies = Counter(
+            "fleetloop_sink_copies_dropped_total",
+            "Events dropped because ClickHouse (or the batch) held them already: copies an "
+            "agent sent again from its spool",
+            ["table"],
+            registry=registry,
+        )
         self.retries = Counter(
             "fleetloop_sink_retries_total", "Insert retries", ["table"], registry=registry
         )
@@ -142,7 +150,45 @@ class ClickHouseSink:
             await self._load_marks(layouts[table], self.marks.missing(keys))
             fresh = self.marks.fresh(table, recs)
             self.metrics.replayed.labels(table).inc(len(recs) - len(fresh))
+            if any(at.resent for _, at in fresh):
+                unique = await self._without_copies(table, fresh)
+                self.metrics.copies.labels(table).inc(len(fresh) - len(unique))
+                fresh = unique
             out.extend(fresh)
+        return out
+
+    async def _without_copies(self, table: str, records: list[R]) -> list[R]:
+        """``records`` less the copies of an event: a second one in the batch, or one sent
+        again from a spool (the resent header) whose ``event_id`` ClickHouse holds already.
+        Only resent records are looked up, in the time range they were observed in, so the
+        hot path (no resend) costs nothing."""
+        resent = [v for v, at in records if at.resent and hasattr(v, "event_id")]
+        topics = ",".join(sorted({f"'{_sql_str(at.topic)}'" for _, at in records if at.resent}))
+        stored: set[str] = set()
+        for start in range(0, len(resent), 5_000):
+            chunk = resent[start : start + 5_000]
+            ids = ",".join(f"'{v.event_id}'" for v in chunk)
+            # a second either side: the table keeps milliseconds, an event may carry more
+            lo = min(v.observed_at for v in chunk) - timedelta(seconds=1)  # type: ignore[attr-defined]
+            hi = max(v.observed_at for v in chunk) + timedelta(seconds=1)  # type: ignore[attr-defined]
+            sql = (
+                f"SELECT toString(event_id) FROM {self.store.database}.{table} "
+                f"WHERE src_topic IN ({topics}) AND event_id IN ({ids}) AND observed_at BETWEEN "
+                f"parseDateTime64BestEffort('{lo.isoformat()}', 6) AND "
+                f"parseDateTime64BestEffort('{hi.isoformat()}', 6)"
+            )
+            result = await self.store.run(self.store.query, sql)
+            stored |= {str(row[0]) for row in result.rows}
+        seen: set[str] = set()
+        out: list[R] = []
+        for rec in records:
+            event_id = getattr(rec[0], "event_id", None)
+            if event_id is not None:
+                key = str(event_id)
+                if key in seen or (rec[1].resent and key in stored):
+                    continue
+                seen.add(key)
+            out.append(rec)
         return out
 
     async def write(self, records: Sequence[Record], *, now: datetime) -> int:
@@ -204,3 +250,10 @@ class ClickHouseSink:
 
 def _sql_str(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def is_resent(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bool:
+    """Whether a record's headers (pairs, or a mapping) mark it sent again from a spool."""
+    if isinstance(headers, dict):
+        return RESENT_HEADER in headers
+    return any(name == RESENT_HEADER for name, _ in headers or ())

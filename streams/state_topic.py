@@ -37,18 +37,24 @@ class StateTopic:
         self.app = app
         self.topic = app.topic(name, value_type=bytes, key_type=bytes)
 
-    async def write(self, records: Iterable[tuple[str, Contract | None]]) -> int:
-        """Send each (key, value or ``None`` to delete it); return when all are on the broker."""
+    async def write(
+        self, records: Iterable[tuple[str, Contract | None]], *, partition: int | None = None
+    ) -> int:
+        """Send each (key, value or ``None`` to delete it), to ``partition`` when given (else
+        the key's); return when all are on the broker."""
         sent = []
         for key, value in records:
             payload = None if value is None else encode(value)
-            sent.append(await self.topic.send(key=key.encode(), value=payload))
+            sent.append(await self.topic.send(key=key.encode(), value=payload, partition=partition))
         await asyncio.gather(*sent)
         return len(sent)
 
-    async def load(self, value_type: type[T], *, timeout_s: float = 60.0) -> dict[str, T]:
-        """Every key's newest value now on the topic (deleted keys left out). A record that
-        does not decode raises: a process must not decide on state it could not read."""
+    async def load(
+        self, value_type: type[T], *, only: Iterable[int] | None = None, timeout_s: float = 60.0
+    ) -> dict[str, T]:
+        """Every key's newest value now on the topic (deleted keys left out), in the
+        partitions ``only`` names when given. A record that does not decode raises: a
+        process must not decide on state it could not read."""
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_of(self.app),
             enable_auto_commit=False,
@@ -57,7 +63,8 @@ class StateTopic:
         await consumer.start()
         out: dict[str, T] = {}
         try:
-            tps = [TopicPartition(self.name, p) for p in range(self.partitions)]
+            wanted = range(self.partitions) if only is None else sorted(set(only))
+            tps = [TopicPartition(self.name, p) for p in wanted]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             end = await consumer.end_offsets(tps)

@@ -40,9 +40,13 @@ class TelemetryBuilder:
     def __init__(self, fleet: Fleet, *, seed: int) -> None:
         self.fleet = fleet
         self.rng = random.Random(seed * 7919 + 1)
+        # ids from their own generator, seeded by the run's start as well: a restarted
+        # simulator replays the same fleet, but its events are new events with new ids (the
+        # sink stores each id once, so a collision with a past run would lose an event)
+        self._ids = random.Random(f"{seed}/{fleet.start.isoformat()}")
 
     def _id(self) -> uuid.UUID:
-        return uuid.UUID(int=self.rng.getrandbits(128), version=4)
+        return uuid.UUID(int=self._ids.getrandbits(128), version=4)
 
     def _count(self, value: float) -> int:
         """Stochastic rounding: E[count] == x."""

@@ -39,7 +39,13 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     from fleetloop.topics_admin import ensure_topics
 
     settings = settings_from(ConnectionSettings, args)
-    created = asyncio.run(ensure_topics(settings.kafka_bootstrap, prefix=settings.topic_prefix))
+    created = asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap,
+            prefix=settings.topic_prefix,
+            log_append_time=settings.topic_timestamps == "log_append",
+        )
+    )
     print(f"created {len(created)} topics" + (": " + ", ".join(created) if created else ""))
     return 0
 

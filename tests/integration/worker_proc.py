@@ -28,7 +28,11 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.token = secrets.token_urlsafe(24)  # the pages' token (/sql, guardrail reset)
-        self.extra_env = {"FLEETLOOP_PAGE_TOKEN": self.token, **(env or {})}
+        self.extra_env = {
+            "FLEETLOOP_PAGE_TOKEN": self.token,
+            "FLEETLOOP_TOPIC_TIMESTAMPS": "create",  # a simulated world: its clock stamps
+            **(env or {}),
+        }
         self.url = f"http://127.0.0.1:{web_port}"
         self.log_path = home / "worker.log"
         self.args = [

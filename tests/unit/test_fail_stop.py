@@ -49,7 +49,12 @@ def test_a_failed_batch_calls_on_fatal_with_the_processor(
     events = [
         SimpleNamespace(
             message=SimpleNamespace(
-                topic=ACCELERATOR.name, partition=0, offset=i, key=b"n", value=encode(v)
+                topic=ACCELERATOR.name,
+                partition=0,
+                offset=i,
+                key=b"n",
+                value=encode(v),
+                headers=[],
             )
         )
         for i, v in enumerate(values)
@@ -85,7 +90,9 @@ def test_a_written_batch_is_acked_after_clickhouse_holds_it(
     topic = "ack-test." + ACCELERATOR.name
     events = [
         SimpleNamespace(
-            message=SimpleNamespace(topic=topic, partition=3, offset=i, key=b"n", value=encode(v))
+            message=SimpleNamespace(
+                topic=topic, partition=3, offset=i, key=b"n", value=encode(v), headers=[]
+            )
         )
         for i, v in enumerate(values)
     ]

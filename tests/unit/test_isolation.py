@@ -11,7 +11,7 @@ from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision, Rung
 from schemas.base import AcceleratorType
 from schemas.commands import RouteAction
-from schemas.verdicts import HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
 from tests.factories import START
 
 
@@ -116,8 +116,15 @@ def test_guardrail_refusal_is_a_decision_and_is_retried_later() -> None:
     assert [(d.device_uuid, d.action) for d in out if d.allowed] == [
         ("n1-gpu0", RouteAction.DEWEIGHT)
     ]
-    # a failed device is quarantined even with the pool at its cap: it is no capacity to lose
-    [hard] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.FAILED, 163), now=_at(163))
+    # a failed device is quarantined even with the pool at its cap, once a second sample
+    # confirmed the evidence it reported of itself: it is no capacity to lose
+    failed = _verdict("n2-gpu0", HealthStatus.FAILED, 163)
+    [single] = ladder.verdict(failed, now=_at(163))
+    assert (single.allowed, single.reason) == (False, "pool_cap")  # one sample: under the cap
+    dbe = Signal(name="ecc_dbe", value=1, threshold=1)
+    sure = Signal(name=HARD_CONFIRMED, value=2, threshold=2)
+    confirmed = failed.model_copy(update={"signals": (dbe, sure), "observed_at": _at(164)})
+    [hard] = ladder.verdict(confirmed, now=_at(164))  # confirmed: asked again at once
     assert (hard.action, hard.allowed, hard.reason) == (RouteAction.QUARANTINE, True, "hard_fault")
 
 

@@ -20,12 +20,16 @@ from schemas.base import AcceleratorType
 from schemas.codec import decode, encode
 from schemas.commands import RouteAction, RouteCommand
 from schemas.state import IsolationRecord
-from schemas.verdicts import HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
 from tests.factories import COMMAND_KEYS, START
 
 POOL = "us-east-h100"
 DEVICES = [f"node-{i // 8:05d}-gpu{i % 8}" for i in range(16)]  # 16 devices, 2 racks
 WIRING = HealthWiring(signing_key=("k1", COMMAND_KEYS["k1"]))
+CONFIRMED_DBE = (  # a hard fault the device reported of itself, in two samples
+    Signal(name="ecc_dbe", value=1, threshold=1),
+    Signal(name=HARD_CONFIRMED, value=2, threshold=2),
+)
 
 
 def _verdict(device: str, status: HealthStatus, at_s: float) -> Verdict:
@@ -35,6 +39,7 @@ def _verdict(device: str, status: HealthStatus, at_s: float) -> Verdict:
         region="us-east", rack_id=f"rack-{node}", pool=POOL,
         accelerator_type=AcceleratorType.H100, status=status,
         previous_status=HealthStatus.HEALTHY, score=0.9, evidence="test",
+        signals=CONFIRMED_DBE if status is HealthStatus.FAILED else (),
     )  # fmt: skip
 
 

@@ -73,6 +73,32 @@ def test_write_is_idempotent_across_retries_and_restarts(store: ClickHouseStore)
     assert ids == _count(store, "accelerator_telemetry", "a.")
 
 
+def test_copies_sent_again_from_a_spool_are_stored_once(store: ClickHouseStore) -> None:
+    """An agent resends from its spool what the broker may already hold (its ack was lost):
+    those copies arrive at new offsets with the resent header; each event lands once."""
+    records = _records(600, "copies.")
+    sink = ClickHouseSink(store, registry=CollectorRegistry())
+    assert asyncio.run(sink.write(records[:400], now=ingest_now())) == 400
+    last = {r[1].topic: r[1].offset for r in records}
+
+    def again(value: Contract, topic: str) -> tuple[Contract, Coordinates]:
+        last[topic] += 1
+        return value, Coordinates(topic, 0, last[topic], resent=True)
+
+    resent = [again(v, at.topic) for v, at in records[300:600]]  # 100 stored, 200 never were
+    batch = [*resent, *(again(v, at.topic) for v, at in resent[-50:])]  # a copy of a copy
+    assert asyncio.run(sink.write(batch, now=ingest_now())) == 200
+    assert _total(store, "copies.") == 600
+    for spec in TELEMETRY_TOPICS:
+        count, unique = store.query(
+            f"SELECT count(), uniqExact(event_id) FROM {store.database}.{spec.table} "
+            "WHERE startsWith(src_topic, 'copies.')"
+        ).rows[0]
+        assert count == unique, spec.table
+    dropped = sum(sink.metrics.copies.labels(spec.table)._value.get() for spec in TELEMETRY_TOPICS)
+    assert dropped == 150
+
+
 def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> None:
     records = [r for r in _records(400, "b.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
     layout = LAYOUTS[type(records[0][0])]
