@@ -171,8 +171,10 @@ class HealthDetector:
             else:
                 d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s][-7:]
                 d.xid_times.append(t)
-        own = d.dbe > 0 or bool(d.fatal_xid and t - d.fatal_at_s <= c.fatal_latch_s)
-        self._confirm(d, own or d.probe_failed, broker)
+        # this sample's own word, not a latch an earlier sample set: a double-bit count (a
+        # counter: every later sample repeats it), or a fatal XID raised in its interval
+        own = d.dbe > 0 or (sample.xid_last or 0) in FATAL_XIDS
+        d.hard_seen, d.hard_at_s = _confirmed(d.hard_seen, d.hard_at_s, own, broker, c)
         if sample.ecc_sbe_volatile_total is not None:
             self._ecc(d, sample.ecc_sbe_volatile_total, t)
         self._thermal(d, sample, dt)
@@ -252,8 +254,9 @@ class HealthDetector:
                 continue
             touched.add(p.device_uuid or "")
             d.probe_failed = not p.passed
-            if d.probe_failed:
-                self._confirm(d, True, broker)
+            d.probe_fails, d.probe_failed_at_s = _confirmed(
+                d.probe_fails, d.probe_failed_at_s, d.probe_failed, broker, self.config
+            )
             if p.expected_ratio is None or not p.passed or d.capped:
                 continue  # a capped device is slow by our own hand: its probe says nothing
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
@@ -306,15 +309,6 @@ class HealthDetector:
             self.future_dated += 1
             return broker + self.config.max_skew_s, broker
         return t, broker
-
-    def _confirm(self, device: DeviceState, present: bool, broker_s: float) -> None:
-        """Count the samples in a row that carry hard evidence of the device's own (at least
-        ``confirm_gap_s`` apart in broker time): two make it confirmed."""
-        if not present:
-            device.hard_seen = 0
-        elif device.hard_seen == 0 or broker_s - device.hard_at_s >= self.config.confirm_gap_s:
-            device.hard_seen += 1
-            device.hard_at_s = broker_s
 
     def _advance(self, source: Hashable, at_s: float) -> None:
         if at_s > self.watermarks.get(source, -math.inf):
@@ -414,7 +408,8 @@ class HealthDetector:
         if device.probe_failed:
             hard.append(Signal(name="probe_failed", value=1, threshold=1))
         if hard:  # evidence of the device's own: one sample says it, two confirm it
-            hard.append(Signal(name=HARD_CONFIRMED, value=device.hard_seen, threshold=2))
+            seen = max(device.hard_seen, device.probe_fails)
+            hard.append(Signal(name=HARD_CONFIRMED, value=seen, threshold=2))
         # silence, judged on broker time, follows; it is never confirmed evidence
         if device.node_id in self.lost_nodes:
             age = max(0.0, at_s - self.nodes.get(device.node_id, at_s))
@@ -484,7 +479,7 @@ class HealthDetector:
             status = HealthStatus.HEALTHY
             score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
         score = min(max(score, 0.0), 1.0)
-        confirmed = status is HealthStatus.FAILED and device.hard_seen >= 2
+        confirmed = status is HealthStatus.FAILED and max(device.hard_seen, device.probe_fails) >= 2
         if (
             status is device.status
             and confirmed is device.confirmed_emitted
@@ -514,3 +509,15 @@ class HealthDetector:
                 cause_appended_at=appended_at,
             )
         ]
+
+
+def _confirmed(
+    count: int, at_s: float, present: bool, broker_s: float, config: HealthConfig
+) -> tuple[int, float]:
+    """Samples in a row (at least ``confirm_gap_s`` apart in broker time) that carried a
+    piece of hard evidence, and when the last did: two confirm it, one never can."""
+    if not present:
+        return 0, at_s
+    if count == 0 or broker_s - at_s >= config.confirm_gap_s:
+        return count + 1, broker_s
+    return count, at_s

@@ -57,8 +57,10 @@ class DeviceState:
     kind: AcceleratorType
     seen_s: float = 0.0
     live_s: float = 0.0  # broker time of its newest sample (liveness is judged on it)
-    hard_seen: int = 0  # samples in a row reporting hard evidence of its own (DBE, XID, probe)
+    hard_seen: int = 0  # samples in a row that reported a double-bit error or fatal XID
     hard_at_s: float = -math.inf  # broker time of the last of them
+    probe_fails: int = 0  # probe results in a row that failed
+    probe_failed_at_s: float = -math.inf
     confirmed_emitted: bool = False
     source: Hashable = None  # where its samples come from (a topic partition)
     clock_max_mhz: float = 0.0

@@ -138,9 +138,14 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
     recalled: set[int] = set()  # partitions whose devices' records were read back
 
     async def recall_partitions(partitions: set[int]) -> None:
-        records = await memory.load(DetectorMemory, only=partitions)
-        taken = sum(detector.adopt(r.device_uuid, recall(r.memory)) for r in records.values())
         recalled.update(partitions)
+        try:
+            records = await memory.load(DetectorMemory, only=partitions)
+            kept = [(r.device_uuid, recall(r.memory)) for r in records.values()]
+        except Exception as exc:  # a cache of learning, not a safety state: relearn instead
+            log.warning("detector memory of partitions %s not read: %r", sorted(partitions), exc)
+            return
+        taken = sum(detector.adopt(device_uuid, state) for device_uuid, state in kept)
         metrics.recalled.inc(taken)
         log.info(
             "detector memory recalled for partitions %s: %d devices", sorted(partitions), taken

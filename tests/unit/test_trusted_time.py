@@ -16,12 +16,18 @@ from datetime import UTC, datetime, timedelta
 from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
 from agents.sim.simulation import Simulation
 from controllers.guardrail import Guardrail, GuardrailConfig
-from controllers.isolation import IsolationLadder, LadderConfig
+from controllers.isolation import IsolationLadder, LadderConfig, confirmed
 from models.health import HealthDetector
 from planning import isolation
 from planning.isolation import HealthTuning
 from schemas.base import AcceleratorType
-from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
+from schemas.events import (
+    AcceleratorTelemetry,
+    NodeHealth,
+    ProbeKind,
+    ProbeResult,
+    ServingMetrics,
+)
 from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
@@ -188,3 +194,27 @@ def test_a_double_bit_error_is_confirmed_by_its_second_sample() -> None:
     failed = [v for v in verdicts if v.status is HealthStatus.FAILED]
     confirms = [next(s.value for s in v.signals if s.name == HARD_CONFIRMED) for v in failed]
     assert confirms == [1, 2]
+
+
+def test_one_forged_sample_never_confirms_itself() -> None:
+    """A fatal XID latches for minutes and a failed probe stands until the next probe: the
+    samples after them must not count as a second word."""
+    detector = HealthDetector()
+    sim = Simulation(Scenario(fleet=FleetSpec(nodes=1, seed=3)), start=START)
+    verdicts: list[Verdict] = []
+    for step in range(15):
+        for _, event in sim.tick(step):
+            ours = isinstance(event, AcceleratorTelemetry) and event.device_uuid.endswith("gpu0")
+            if step == 1 and ours:
+                event = event.model_copy(update={"xid_last": 79})  # fallen off the bus
+            if step == 1 and isinstance(event, NodeHealth):
+                failed = ProbeResult(
+                    probe=ProbeKind.GEMM, device_uuid="node-00000-gpu1", passed=False,
+                    duration_s=0.0,
+                )  # fmt: skip
+                event = event.model_copy(update={"probes": (failed,)})
+            if isinstance(event, JUDGED):
+                verdicts += detector.observe(event, appended_at=event.observed_at)
+    failed_verdicts = [v for v in verdicts if v.status is HealthStatus.FAILED]
+    assert {v.device_uuid for v in failed_verdicts} == {"node-00000-gpu0", "node-00000-gpu1"}
+    assert not any(confirmed(v) for v in failed_verdicts)
