@@ -37,7 +37,7 @@ from enum import IntEnum, StrEnum
 
 from controllers.guardrail import Guardrail, GuardReason, Proposal
 from schemas.commands import RouteAction
-from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Verdict
 
 
 class Rung(IntEnum):
@@ -195,6 +195,8 @@ class IsolationLadder:
             return []
         if device.refused_at is not None and (now - device.refused_at).total_seconds() < c.retry_s:
             return []
+        if hard and device.refused_at is not None and latched(v):
+            return []  # refused once; retried only while the device still reports it
         rung = target if hard else Rung(device.rung + 1)
         guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=exempt), now=now)
         if not guard.allowed:
@@ -218,6 +220,16 @@ class IsolationLadder:
                 weight_ratio=c.deweight_ratio if rung is Rung.DEWEIGHTED else None,
             )
         ]
+
+
+def latched(verdict: Verdict) -> bool:
+    """Whether a ``failed`` verdict stands only on evidence no longer reported: the sample
+    that showed it has passed (a fatal XID stays latched for minutes) and nothing repeats it.
+    A refused quarantine is not asked again on that alone, so a step held back by the caps
+    never lands minutes after its evidence."""
+    names = {s.name for s in verdict.signals}
+    stale = any(s.name == HARD_CONFIRMED and s.value < 1 for s in verdict.signals)
+    return stale and not names & set(SILENCE_SIGNALS)
 
 
 def confirmed(verdict: Verdict) -> bool:

@@ -79,7 +79,9 @@ from models.health_state import (
 from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
 from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind, ServingMetrics
-from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
+from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Signal, Verdict
+
+LOST, QUIET = SILENCE_SIGNALS
 
 POWER_HELD = CLOCKS_SW_POWER_CAP | CLOCKS_HW_POWER_BRAKE  # clocks held down by our hand
 
@@ -413,12 +415,12 @@ class HealthDetector:
         # silence, judged on broker time, follows; it is never confirmed evidence
         if device.node_id in self.lost_nodes:
             age = max(0.0, at_s - self.nodes.get(device.node_id, at_s))
-            hard.append(Signal(name="heartbeat_lost_s", value=age, threshold=c.heartbeat_timeout_s))
+            hard.append(Signal(name=LOST, value=age, threshold=c.heartbeat_timeout_s))
         elif (
             gap := self.watermarks.get(device.source, device.live_s) - device.live_s
         ) > c.heartbeat_timeout_s:
             # its partition-mates report on, it does not: a device off the bus
-            hard.append(Signal(name="device_silent_s", value=gap, threshold=c.heartbeat_timeout_s))
+            hard.append(Signal(name=QUIET, value=gap, threshold=c.heartbeat_timeout_s))
         soft: list[Signal] = []
         ecc_value = float(device.ecc_streak)
         if device.ecc_rate_per_s >= c.ecc_dying_per_s:

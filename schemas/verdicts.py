@@ -56,6 +56,11 @@ Silence (a lost heartbeat, a device gone quiet) is judged on broker time and nev
 them: a partition, a skewed or a stalled agent can fake silence, not an error counter."""
 
 
+SILENCE_SIGNALS = ("heartbeat_lost_s", "device_silent_s")
+"""Hard signals of silence: a node's heartbeats lost, a device gone quiet while its node
+reports. Judged on broker time; never confirmed evidence (see :data:`HARD_CONFIRMED`)."""
+
+
 class Signal(Contract):
     """One piece of evidence: what was measured, against what threshold."""
 

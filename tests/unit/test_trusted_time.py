@@ -218,3 +218,40 @@ def test_one_forged_sample_never_confirms_itself() -> None:
     failed_verdicts = [v for v in verdicts if v.status is HealthStatus.FAILED]
     assert {v.device_uuid for v in failed_verdicts} == {"node-00000-gpu0", "node-00000-gpu1"}
     assert not any(confirmed(v) for v in failed_verdicts)
+
+
+def test_a_refused_quarantine_is_not_asked_again_on_a_latch_alone() -> None:
+    """A fatal XID seen once stays latched for minutes; held back by the cap, its quarantine
+    waits for the device to report it again (or go silent), never lands minutes later."""
+    devices = {f"d{i}": ("us-east-h100", "rack-0000") for i in range(10)}
+    ladder = IsolationLadder(
+        LadderConfig(retry_s=30), Guardrail(GuardrailConfig(), devices=devices)
+    )
+    ladder.guard.observe(START)
+    silent = (Signal(name="heartbeat_lost_s", value=9.0, threshold=5.0),)
+    assert ladder.verdict(_verdict("d0", HealthStatus.FAILED, silent), now=START)[0].allowed
+    xid = Signal(name="xid_79", value=79, threshold=0)
+
+    def failed(seen: int, at_s: float, *extra: Signal) -> Verdict:
+        signals = (xid, Signal(name=HARD_CONFIRMED, value=seen, threshold=2), *extra)
+        v = _verdict("d1", HealthStatus.FAILED, signals)
+        return v.model_copy(update={"observed_at": START + timedelta(seconds=at_s)})
+
+    def at(seconds: float) -> datetime:
+        return START + timedelta(seconds=seconds)
+
+    [first] = ladder.verdict(failed(1, 1), now=at(1))
+    assert (first.allowed, first.reason) == (False, "pool_cap")
+    ladder.verdict(_verdict("d0", HealthStatus.HEALTHY, ()), now=at(2))  # the cap frees later
+    ladder.guard.state.isolated.discard("d0")
+    assert ladder.verdict(failed(0, 40), now=at(40)) == []  # latched only: not asked again
+    assert ladder.tick(at(80)) == []
+    [again] = ladder.verdict(failed(1, 90), now=at(90))  # it reports the XID again
+    assert again.allowed
+    late = IsolationLadder(LadderConfig(retry_s=30), Guardrail(GuardrailConfig(), devices=devices))
+    late.guard.observe(START)
+    late.verdict(_verdict("d0", HealthStatus.FAILED, silent), now=START)
+    late.verdict(failed(1, 1), now=at(1))
+    late.guard.state.isolated.discard("d0")
+    [lost] = late.verdict(failed(0, 40, *silent), now=at(40))  # latched, but silent now too
+    assert lost.allowed
