@@ -91,14 +91,15 @@ class IsolationJournal:
             locked_out=guard.state.locked_out,
         )
         due = self._sizes_at is None or (now - self._sizes_at).total_seconds() >= SIZES_EVERY_S
-        if encode(core) != self._core or due:  # a decision at once; a grown fleet now and then
+        core_bytes = encode(core)  # the sizes left at their defaults: what decisions change
+        if core_bytes != self._core or due:  # a decision at once; a grown fleet now and then
             sizes = guard.sizes()
             full = core.model_copy(
                 update={"devices": sizes.devices, "pool_sizes": sizes.pools,
                         "rack_sizes": sizes.racks},
             )  # fmt: skip
             record = IsolationRecord(key=GUARDRAIL_KEY, guardrail=full)
-            self._core, self._sizes_at = encode(core), now
+            self._core, self._sizes_at = core_bytes, now
             out += self._changed(GUARDRAIL_KEY, record)
         return out
 
@@ -142,8 +143,9 @@ class IsolationJournal:
         for r in records:
             self._written[r.key] = encode(r)
             if r.guardrail is not None:
-                core = r.guardrail.model_copy(
-                    update={"devices": 0, "pool_sizes": {}, "rack_sizes": {}}
+                g = r.guardrail
+                core = GuardrailEntry(
+                    isolated=g.isolated, actions=g.actions, locked_out=g.locked_out
                 )
                 self._core = encode(core)
             if r.device is not None and r.device.command is not None:

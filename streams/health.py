@@ -13,9 +13,10 @@ and probations run out.
 The ladder and its guardrail are durable: every change is written to the
 compacted ``state.isolation.v1`` (:mod:`planning.isolation_state`), acknowledged
 before the commands it leads to are sent, and read back before the first
-decision after a start or a rebalance. The detector keeps its models in
-memory; a restarted worker relearns them (the cohorts within a minute, a
-device's history over its next samples).
+decision after a start or a rebalance. The detector's per-device records go to
+``state.health.v1`` every ``memory_every_s`` and are recalled for a partition
+before its first sample (:mod:`models.health_memory`); its per-cohort models are
+not kept and are back within a minute of samples.
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ def later(seconds: float) -> datetime:
 
 
 COMMAND_KEYS = {"k1": b"unit-test-secret-0001"}
+COMMAND_KEYS_SETTING = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
+"""The same keys as ``FLEETLOOP_COMMAND_KEYS`` spells them (``id=secret,...``)."""
 C = TypeVar("C", bound=Command)
 
 

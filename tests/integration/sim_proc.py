@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetloop.settings import REPO_ROOT
-from tests.factories import COMMAND_KEYS
+from tests.factories import COMMAND_KEYS_SETTING
 
 T = TypeVar("T")
 
@@ -57,8 +57,9 @@ class SimProcess:
             "--seen-file",
             str(home / "seen-commands.json"),
         ]
-        keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
-        self.env = dict(os.environ, FLEETLOOP_COMMAND_KEYS=keys, PYTHONUNBUFFERED="1")
+        self.env = dict(
+            os.environ, FLEETLOOP_COMMAND_KEYS=COMMAND_KEYS_SETTING, PYTHONUNBUFFERED="1"
+        )
         self.env.pop("KAFKA_BOOTSTRAP", None)
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -27,22 +26,11 @@ from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics, read_topic
 from schemas.topics import TELEMETRY_TOPICS
+from tests.integration.sim_proc import until
 from tests.integration.worker_proc import WorkerProcess
 
 JAR_DIR = Path(os.environ.get("FLEETLOOP_JAR_DIR", REPO_ROOT / ".cache" / "kafka"))
 PREFIX = "chaos."
-
-
-def _until(check: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass  # a process between lives
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Agent:
@@ -70,7 +58,11 @@ class Agent:
                 args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
             )  # fmt: skip
-        _until(lambda: self.metric("fleetloop_agent_events_published_total") >= 0, "the agent")
+        until(
+            lambda: self.metric("fleetloop_agent_events_published_total") >= 0,
+            what="the agent",
+            timeout_s=180,
+        )
 
     def metric(self, name: str) -> float:
         """A metric summed over its label sets."""
@@ -128,28 +120,28 @@ def test_nothing_lost_nothing_doubled_through_repeated_sigkills(tmp_path: Path) 
         agent.start()
         kills = {"broker": 0, "agent": 0, "worker": 0}
         for _ in range(3):  # the broker, under a publishing agent
-            _until(grew(500), "rows to grow")
+            until(grew(500), what="rows to grow", timeout_s=180)
             broker.kill()
-            _until(lambda: agent.spooled() >= 2, "the agent to spool")
+            until(lambda: agent.spooled() >= 2, what="the agent to spool", timeout_s=180)
             broker.up()
             kills["broker"] += 1
         for _ in range(2):  # the agent, while its spool holds a backlog
-            _until(grew(500), "rows to grow")
+            until(grew(500), what="rows to grow", timeout_s=180)
             broker.kill()
-            _until(lambda: agent.spooled() >= 5, "a backlog in the spool")
+            until(lambda: agent.spooled() >= 5, what="a backlog in the spool", timeout_s=180)
             agent.kill()
             broker.up()
             agent.start()  # the next life sends the spool first
             kills["broker"] += 1
             kills["agent"] += 1
         for _ in range(3):  # the ingest worker, mid-batch
-            _until(grew(500), "rows to grow")
+            until(grew(500), what="rows to grow", timeout_s=180)
             worker.kill()
             worker.start()
             kills["worker"] += 1
-        _until(grew(500), "rows to grow after the last kill")
+        until(grew(500), what="rows to grow after the last kill", timeout_s=180)
         agent.stop()
-        _until(lambda: agent.spooled() == 0, "the spool empty", timeout_s=5)
+        until(lambda: agent.spooled() == 0, what="the spool empty", timeout_s=5)
 
         async def on_broker() -> tuple[int, int]:
             ids: list[str] = []
@@ -159,7 +151,7 @@ def test_nothing_lost_nothing_doubled_through_repeated_sigkills(tmp_path: Path) 
             return len(ids), len(set(ids))
 
         records, distinct = asyncio.run(on_broker())
-        _until(lambda: rows() >= distinct, "every event in ClickHouse", timeout_s=120)
+        until(lambda: rows() >= distinct, what="every event in ClickHouse", timeout_s=120)
         per_table = {
             t: worker.sql(f"SELECT count(), uniqExact(event_id) FROM fleetloop.{t}")[0]
             for t in tables

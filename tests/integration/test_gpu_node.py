@@ -20,7 +20,7 @@ from fleetloop.topics_admin import ensure_topics
 from schemas.codec import encode
 from schemas.commands import Target, ThrottleAction, ThrottleCommand
 from schemas.topics import ACCELERATOR, COMMAND_RESULTS, NODE_HEALTH, THROTTLE_COMMANDS
-from tests.factories import COMMAND_KEYS, signed_command
+from tests.factories import COMMAND_KEYS_SETTING, signed_command
 from tests.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -45,7 +45,6 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
 ) -> None:
     asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
     nvml = FakeNvml([FakeGpu("GPU-aaaa"), FakeGpu("GPU-bbbb")])
-    keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
     settings = NodeSettings(
         kafka_bootstrap=kafka_bootstrap,
         topic_prefix=topic_prefix,
@@ -56,7 +55,7 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
         web_port=free_port(),
         spool_dir=tmp_path / "spool",
         seen_file=tmp_path / "state" / "seen.json",
-        command_keys=keys,
+        command_keys=COMMAND_KEYS_SETTING,
     )
     now = datetime.now(UTC)
     mine = signed_command(

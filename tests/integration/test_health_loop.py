@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import COMMAND_KEYS
+from tests.factories import COMMAND_KEYS_SETTING
 from tests.integration.conftest import run_loop
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess
@@ -43,12 +43,11 @@ def health_loop(
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(SCENARIO)
-    keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
     yield from run_loop(
         kafka_bootstrap,
         topic_prefix,
         tmp_path,
-        worker_env={"FLEETLOOP_COMMAND_KEYS": keys},
+        worker_env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
         scenario=scenario,
         speed=2.0,
     )
@@ -61,11 +60,7 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
     where = f"src_topic LIKE '{topic_prefix}%'"
 
     def issued(device: str) -> list[str]:
-        rows = worker.sql(
-            f"SELECT action FROM fleetloop.decisions WHERE {where} AND target = '{device}' "
-            "AND outcome = 'issued' ORDER BY decided_at"
-        )
-        return [r[0] for r in rows]
+        return worker.issued(device, prefix=topic_prefix)
 
     until(lambda: "quarantine" in issued(DBE), what="the DBE quarantine", proc=sim, timeout_s=120)
     until(

@@ -19,7 +19,7 @@ from typing import Any
 
 from fleetloop.kafka_broker import free_port
 from fleetloop.topics_admin import ensure_topics
-from tests.factories import COMMAND_KEYS
+from tests.factories import COMMAND_KEYS_SETTING
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess
 
@@ -48,14 +48,13 @@ def test_isolation_state_survives_five_sigkills(
     asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(SCENARIO)
-    keys = ",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())
     ingest = WorkerProcess(
         bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path / "ingest",
         web_port=free_port(), extra=("--processors", "ingest", "--batch-within-s", "0.3"),
     )  # fmt: skip
     health = WorkerProcess(
         bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path / "health",
-        web_port=free_port(), env={"FLEETLOOP_COMMAND_KEYS": keys},
+        web_port=free_port(), env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
         extra=(
             "--processors", "health", "--app-id", topic_prefix + "health",
             "--batch-within-s", "0.3", "--health.ladder.probation-s", str(PROBATION_S),
@@ -69,11 +68,7 @@ def test_isolation_state_survives_five_sigkills(
     where = f"src_topic LIKE '{topic_prefix}%'"
 
     def issued(device: str) -> list[str]:
-        rows = ingest.sql(
-            f"SELECT action FROM fleetloop.decisions WHERE {where} AND target = '{device}' "
-            "AND outcome = 'issued' ORDER BY decided_at"
-        )
-        return [r[0] for r in rows]
+        return ingest.issued(device, prefix=topic_prefix)
 
     def guardrail() -> dict[str, Any] | None:
         try:

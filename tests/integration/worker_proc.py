@@ -100,6 +100,14 @@ class WorkerProcess:
     def sql(self, query: str) -> list[list[Any]]:
         return list(self.post("/sql", {"sql": query})["rows"])
 
+    def issued(self, device: str, *, prefix: str) -> list[str]:
+        """The actions issued for ``device`` on ``prefix``'s topics, oldest first."""
+        rows = self.sql(
+            f"SELECT action FROM fleetloop.decisions WHERE src_topic LIKE '{prefix}%' "
+            f"AND target = '{device}' AND outcome = 'issued' ORDER BY decided_at"
+        )
+        return [r[0] for r in rows]
+
     def metric(self, name: str) -> float:
         total = 0.0
         for line in self.get("/metrics").decode().splitlines():

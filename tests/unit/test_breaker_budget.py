@@ -34,7 +34,7 @@ from fleetloop.sim import build_dispatcher
 from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner
 from schemas.commands import Command
-from tests.factories import COMMAND_KEYS, START
+from tests.factories import COMMAND_KEYS, COMMAND_KEYS_SETTING, START
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"
 SAMPLE_S = 1.0
@@ -51,7 +51,7 @@ def _run(scenario_file: str, transport_s: float) -> tuple[list[str], float]:
     sim = Simulation(scenario, start=START)
     assert sim.interval_s == SAMPLE_S
     settings = WorkerSettings(
-        command_keys=SecretStr(",".join(f"{k}={v.decode()}" for k, v in COMMAND_KEYS.items())),
+        command_keys=SecretStr(COMMAND_KEYS_SETTING),
         processors="control",
     )
     wiring = control_wiring(settings)
