@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
+from msgspec import Struct
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agents.spool import AppendReport, DiskSpool, SpooledRecord
@@ -147,11 +148,11 @@ class KafkaPublisher:
                     self.send_timeout_s,
                 )
 
-    def _record(self, spec: TopicSpec, value: Contract) -> SpooledRecord:
+    def _record(self, spec: TopicSpec, value: Contract | Struct) -> SpooledRecord:
         """The message for ``value``: its topic, keyed by the registry's key fields."""
         return SpooledRecord(self.topic_prefix + spec.name, spec.key_for(value), encode(value))
 
-    async def publish(self, spec: TopicSpec, value: Contract) -> None:
+    async def publish(self, spec: TopicSpec, value: Contract | Struct) -> None:
         """Queue one event on its topic, keyed by the registry's key fields."""
         await self._send(self._record(spec, value))
 
@@ -168,7 +169,7 @@ class KafkaPublisher:
         )
         self._pending.append((record, future))
 
-    async def publish_all(self, events: Iterable[tuple[TopicSpec, Contract]]) -> int:
+    async def publish_all(self, events: Iterable[tuple[TopicSpec, Contract | Struct]]) -> int:
         count = 0
         for spec, value in events:
             await self.publish(spec, value)
@@ -225,7 +226,7 @@ class KafkaPublisher:
         """True while spooled events wait for the broker."""
         return self.spool is not None and bool(self.spool.segments())
 
-    def spool_now(self, events: Iterable[tuple[TopicSpec, Contract]]) -> int:
+    def spool_now(self, events: Iterable[tuple[TopicSpec, Contract | Struct]]) -> int:
         """Spool events without trying the broker (it just failed us); keeps their order."""
         if self.spool is None:
             raise PublishError("no spool configured")

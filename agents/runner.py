@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from agents.envelopes import pack
 from agents.publisher import KafkaPublisher
-from schemas.base import Contract
 from schemas.topics import TopicSpec
 
-Records = Sequence[tuple[TopicSpec, Contract]]
+Records = Sequence[tuple[TopicSpec, Any]]  # v1 contracts; packed into envelopes on publish
 
 
 class TickSource(Protocol):
@@ -26,7 +26,9 @@ class TickSource(Protocol):
 
 
 async def publish_tick(publisher: KafkaPublisher, records: Records) -> int:
-    """Publish one tick's records behind any spooled backlog; return records acknowledged."""
+    """Publish one tick's records, each node's samples packed into envelopes (:func:`pack`),
+    behind any spooled backlog; return the messages acknowledged."""
+    records = pack(records)
     sent = 0
     if publisher.backlog:
         sent += await publisher.drain_spool()  # oldest first, so keys stay in order

@@ -78,7 +78,8 @@ from models.health_state import (
 )
 from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
-from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind, ServingMetrics
+from schemas.envelopes import AcceleratorSample, AnyAcceleratorSample, AnyServingSample
+from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind
 from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Signal, Verdict
 
 LOST, QUIET = SILENCE_SIGNALS
@@ -128,7 +129,7 @@ class HealthDetector:
 
     def observe(
         self,
-        event: AcceleratorTelemetry | NodeHealth | ServingMetrics,
+        event: AnyAcceleratorSample | NodeHealth | AnyServingSample,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
@@ -138,7 +139,7 @@ class HealthDetector:
         kw: dict[str, Any] = {
             "appended_at": appended_at, "received_s": received_s, "source": source
         }  # fmt: skip
-        if isinstance(event, AcceleratorTelemetry):
+        if isinstance(event, AcceleratorTelemetry | AcceleratorSample):
             return self.accelerator(event, **kw)
         if isinstance(event, NodeHealth):
             return self.heartbeat(event, **kw)
@@ -146,7 +147,7 @@ class HealthDetector:
 
     def accelerator(
         self,
-        sample: AcceleratorTelemetry,
+        sample: AnyAcceleratorSample,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
@@ -184,7 +185,7 @@ class HealthDetector:
 
     def serving(
         self,
-        metrics: ServingMetrics,
+        metrics: AnyServingSample,
         *,
         appended_at: datetime | None = None,
         received_s: float | None = None,
@@ -359,7 +360,7 @@ class HealthDetector:
                 device.ecc_base_per_s += 0.1 * (rate - device.ecc_base_per_s)
         device.ecc_start_s, device.ecc_count = at_s, 0
 
-    def _thermal(self, device: DeviceState, sample: AcceleratorTelemetry, dt: float) -> None:
+    def _thermal(self, device: DeviceState, sample: AnyAcceleratorSample, dt: float) -> None:
         c = self.config
         device.thermal_hot = bool((sample.clock_throttle_reasons or 0) & CLOCKS_THERMAL)
         if sample.gpu_temp_celsius is None or sample.power_usage_watts is None:

@@ -43,7 +43,8 @@ from models.forecast import DemandForecaster
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import WARMING
 from schemas.commands import Target, WarmAction, WarmCommand
-from schemas.events import Demand, ServingMetrics
+from schemas.envelopes import AnyServingSample
+from schemas.events import Demand
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
@@ -131,7 +132,7 @@ class DemandPlanner:
             )
         return k
 
-    def serving(self, metrics: ServingMetrics) -> None:
+    def serving(self, metrics: AnyServingSample) -> None:
         if metrics.requests > 0:
             k = self._key(metrics.model, metrics.region)
             k.replicas.setdefault(metrics.pool, set()).add(metrics.replica_id)

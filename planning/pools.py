@@ -28,14 +28,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.tpot_guard import BatchReason, TpotGuard
 from planning.racks import RackPlanner
 from planning.registry import CAPACITY, TPOT_GUARD
 from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
-from schemas.base import Contract
 from schemas.commands import Target, ThrottleAction
+from schemas.envelopes import (
+    AcceleratorSample,
+    AnyAcceleratorSample,
+    AnyServingSample,
+    ServingSample,
+)
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 
 NOTEWORTHY = {
@@ -97,24 +103,24 @@ class ControlPlanner(ThrottleIssuer):
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def feed(self, value: Contract) -> list[ThrottleOutput]:
+    def feed(self, value: Any) -> list[ThrottleOutput]:
         """One event of whichever kind: serving, PDU or accelerator telemetry (the rest is
         not the planner's and changes nothing)."""
-        if isinstance(value, ServingMetrics):
+        if isinstance(value, ServingMetrics | ServingSample):
             return self.serving(value)
         if isinstance(value, PduReading):
             return self.pdu(value)
-        if isinstance(value, AcceleratorTelemetry):
+        if isinstance(value, AcceleratorTelemetry | AcceleratorSample):
             self.accelerator(value)
         return []
 
-    def accelerator(self, telemetry: AcceleratorTelemetry) -> None:
+    def accelerator(self, telemetry: AnyAcceleratorSample) -> None:
         self.power.accelerator(telemetry)
 
     def pdu(self, reading: PduReading) -> list[ThrottleOutput]:
         return self.power.pdu(reading)
 
-    def serving(self, metrics: ServingMetrics) -> list[ThrottleOutput]:
+    def serving(self, metrics: AnyServingSample) -> list[ThrottleOutput]:
         pool = self.pools.get(metrics.pool)
         if pool is None:
             pool = self.pools[metrics.pool] = _Pool(

@@ -31,7 +31,8 @@ from controllers.power import (
 from planning.registry import POWER
 from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
 from schemas.commands import ClockMode, Target, ThrottleAction
-from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
+from schemas.envelopes import AnyAcceleratorSample, AnyServingSample
+from schemas.events import PduPhase, PduReading
 
 
 @dataclass(slots=True)
@@ -89,7 +90,7 @@ class RackPlanner(ThrottleIssuer):
         # rack -> its devices, in the order first seen (a rack's close reads its own)
         self.rack_devices: dict[str, list[str]] = {}
 
-    def serving(self, metrics: ServingMetrics) -> None:
+    def serving(self, metrics: AnyServingSample) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""
         device = self.devices.get(metrics.device_uuid or "")
         if device is None:
@@ -107,7 +108,7 @@ class RackPlanner(ThrottleIssuer):
             baseline = 1.0 - metrics.optional_requests / metrics.requests
             device.baseline_share += 0.2 * (baseline - device.baseline_share)
 
-    def accelerator(self, telemetry: AcceleratorTelemetry) -> None:
+    def accelerator(self, telemetry: AnyAcceleratorSample) -> None:
         if telemetry.power_usage_watts is None or telemetry.power_limit_watts is None:
             return
         d = self.devices.get(telemetry.device_uuid)

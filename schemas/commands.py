@@ -286,6 +286,11 @@ class DeadLetter(Contract):
     source_topic: Identifier
     source_partition: Count
     source_offset: Count
+    source_index: Count | None = Field(
+        default=None,
+        description="the refused sample's place in its node-tick envelope; null when the "
+        "whole message was refused",
+    )
     source_key: str | None = None
     error_kind: Identifier
     error: Annotated[str, Field(max_length=4096)]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from schemas.base import Contract
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
+from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
 from schemas.state import DetectorMemory, IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
@@ -40,7 +41,7 @@ class TopicSpec:
 
     name: str
     kind: TopicKind
-    value_type: type[Contract]
+    value_type: type[Any]  # a Contract (v1 and every non-telemetry topic) or an envelope (v2)
     key_fields: tuple[str, ...]
     partitions: int
     retention_ms: int
@@ -51,7 +52,12 @@ class TopicSpec:
     def dlq_name(self) -> str:
         return f"{self.name}.dlq"
 
-    def key_for(self, value: Contract) -> bytes:
+    @property
+    def envelope(self) -> bool:
+        """Whether its values are node-tick envelopes (:mod:`schemas.envelopes`)."""
+        return self.value_type in (AcceleratorTick, ServingTick)
+
+    def key_for(self, value: Any) -> bytes:
         """Message key: the key fields joined by ``|`` (node id for telemetry)."""
         return "|".join(str(getattr(value, f)) for f in self.key_fields).encode()
 
@@ -100,6 +106,16 @@ PDU = TopicSpec(
     retention_ms=7 * DAY_MS,
     table="pdu_readings",
 )
+ACCELERATOR_TICKS = TopicSpec(
+    "telemetry.accelerator.v2",
+    TopicKind.TELEMETRY,
+    AcceleratorTick,
+    ("node_id",),
+    partitions=12,
+    retention_ms=3 * DAY_MS,
+    table="accelerator_telemetry",  # one row per device sample, as v1
+)
+"""Node-tick envelopes of accelerator samples; agents publish these, v1 is still read."""
 SERVING = TopicSpec(
     "telemetry.serving.v1",
     TopicKind.TELEMETRY,
@@ -109,6 +125,16 @@ SERVING = TopicSpec(
     retention_ms=3 * DAY_MS,
     table="serving_metrics",
 )
+SERVING_TICKS = TopicSpec(
+    "telemetry.serving.v2",
+    TopicKind.TELEMETRY,
+    ServingTick,
+    ("node_id",),
+    partitions=12,
+    retention_ms=3 * DAY_MS,
+    table="serving_metrics",
+)
+"""Node-tick envelopes of serving metrics; agents publish these, v1 is still read."""
 DEMAND = TopicSpec(
     "telemetry.demand.v1",
     TopicKind.TELEMETRY,
@@ -184,7 +210,10 @@ FORECASTS = TopicSpec(
     table="forecasts",
 )
 
-TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND)
+TELEMETRY_TOPICS: tuple[TopicSpec, ...] = (
+    ACCELERATOR_TICKS, SERVING_TICKS, ACCELERATOR, NODE_HEALTH, PDU, SERVING, DEMAND,
+)  # fmt: skip
+"""Every telemetry topic: v2 envelopes first (what agents publish), then v1."""
 COMMAND_TOPICS: tuple[TopicSpec, ...] = (ROUTE_COMMANDS, THROTTLE_COMMANDS, WARM_COMMANDS)
 
 

@@ -178,10 +178,10 @@ class ClickHouseStore:
             )
 
     def insert_json_lines(
-        self, table: str, lines: Sequence[str], *, token: str, settings: dict[str, Any]
+        self, table: str, lines: Sequence[bytes], *, token: str, settings: dict[str, Any]
     ) -> None:
         """Insert JSONEachRow lines; retrying with the same ``token`` adds nothing."""
-        body = "\n".join(lines).encode()
+        body = b"\n".join(lines)
         merged = {**settings, **INSERT_SETTINGS, "insert_deduplication_token": token}
         with self._lock:
             self.client.raw_insert(

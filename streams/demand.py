@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from controllers.clock import EventClock
 from planning.demand import DemandPlanner, DemandWiring, decide_warm
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import Demand, ServingMetrics
-from schemas.topics import DEMAND, FORECASTS, SERVING, TopicSpec
+from schemas.codec import DecodeError, decode, decode_samples, encode
+from schemas.events import Demand
+from schemas.topics import DEMAND, FORECASTS, SERVING, SERVING_TICKS, TopicSpec
 from streams.outputs import Outputs
 from streams.page_access import PageAccess
 
@@ -29,7 +29,7 @@ def add_demand(
     del access
     planner = DemandPlanner(wiring)
     clock = EventClock()
-    names = [wiring.topic_prefix + DEMAND.name, wiring.topic_prefix + SERVING.name]
+    names = [wiring.topic_prefix + s.name for s in (DEMAND, SERVING_TICKS, SERVING)]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     forecasts = app.topic(wiring.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
     timer = outputs.metrics.scoring.labels("demand_forecast")
@@ -38,8 +38,10 @@ def add_demand(
         async for events in stream.take_events(5_000, within=0.5):
             for e in events:
                 try:
-                    if e.message.topic == names[1]:
-                        planner.serving(decode(e.message.value, ServingMetrics))
+                    if e.message.topic != names[0]:
+                        spec = SERVING_TICKS if e.message.topic == names[1] else SERVING
+                        for served in decode_samples(e.message.value, spec.value_type):
+                            planner.serving(served)
                         continue
                     demand = decode(e.message.value, Demand)
                 except DecodeError:
@@ -55,4 +57,4 @@ def add_demand(
 
     plan.__name__ = plan.__qualname__ = "demand.plan"
     app.agent(source, name="demand.plan", concurrency=1)(plan)
-    return [DEMAND, SERVING]
+    return [DEMAND, SERVING_TICKS, SERVING]

@@ -36,15 +36,18 @@ from models.health_memory import recall, remember
 from planning import isolation
 from planning.isolation import HealthWiring, decide
 from planning.isolation_state import IsolationJournal, resume
-from schemas.codec import DecodeError, decode, encode
+from schemas.codec import DecodeError, decode, decode_samples, encode
+from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.state import DetectorMemory, IsolationRecord
 from schemas.topics import (
     ACCELERATOR,
+    ACCELERATOR_TICKS,
     HEALTH_STATE,
     ISOLATION_STATE,
     NODE_HEALTH,
     SERVING,
+    SERVING_TICKS,
     VERDICTS,
     TopicSpec,
 )
@@ -55,6 +58,9 @@ from streams.page_access import PageAccess, refusal
 from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
+
+DETECTED = (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS, ACCELERATOR, SERVING)
+"""What ``health.detect`` reads: node ticks (v2) and, from agents not yet upgraded, v1."""
 
 
 class HealthMetrics:
@@ -127,12 +133,12 @@ def add_health(
     m = HealthMetrics(registry, outputs)
     _add_detector(app, wiring, m)
     _add_isolation(app, wiring, m, outputs, access)
-    return [ACCELERATOR, NODE_HEALTH, SERVING, VERDICTS]
+    return [*DETECTED, VERDICTS]
 
 
 def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) -> None:
     detector = isolation.detector(wiring)
-    names = [wiring.topic_prefix + s.name for s in (ACCELERATOR, NODE_HEALTH, SERVING)]
+    names = [wiring.topic_prefix + s.name for s in DETECTED]
     memory = StateTopic(
         app, wiring.topic_prefix + HEALTH_STATE.name, partitions=HEALTH_STATE.partitions
     )
@@ -175,10 +181,13 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
     app.timer(interval=wiring.memory_every_s, name="health.keep_memory")(keep_memory)
     source = app.topic(*names, value_type=bytes, key_type=bytes)
     verdicts = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
+    timers = {
+        AcceleratorTick: "health_device", AcceleratorTelemetry: "health_device",
+        NodeHealth: "health_node", ServingTick: "health_peers", ServingMetrics: "health_peers",
+    }  # fmt: skip
     kinds: dict[str, tuple[type[Any], Any]] = {
-        names[0]: (AcceleratorTelemetry, metrics.scoring.labels("health_device")),
-        names[1]: (NodeHealth, metrics.scoring.labels("health_node")),
-        names[2]: (ServingMetrics, metrics.scoring.labels("health_peers")),
+        name: (spec.value_type, metrics.scoring.labels(timers[spec.value_type]))
+        for name, spec in zip(names, DETECTED, strict=True)
     }
     by_status = {s: metrics.verdicts.labels(s.value) for s in HealthStatus}
     counted = [0]  # detector.future_dated already counted in the metric
@@ -194,17 +203,18 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
             for e in events:
                 value_type, timer = kinds[e.message.topic]
                 try:
-                    value = decode(e.message.value, value_type)
+                    values = decode_samples(e.message.value, value_type)
                 except DecodeError:
                     metrics.skipped.inc()
                     continue
                 appended = datetime.fromtimestamp(e.message.timestamp, UTC)
                 started = time.perf_counter()
                 source = (e.message.topic, e.message.partition)
-                out += detector.observe(
-                    value, appended_at=appended, received_s=received, source=source
-                )
-                timer.observe(time.perf_counter() - started)
+                for value in values:
+                    out += detector.observe(
+                        value, appended_at=appended, received_s=received, source=source
+                    )
+                timer.observe((time.perf_counter() - started) / max(1, len(values)))
                 newest = appended if newest is None else max(newest, appended)
             if newest is not None:  # time passes on the broker's clock, never an agent's
                 out += detector.tick(newest, wall_s=time.monotonic())

@@ -23,13 +23,12 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from schemas.base import Contract
 from schemas.topics import RESENT_HEADER
 from streams.clickhouse_store import ClickHouseStore
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, TableLayout, instant_json
 
-Record = tuple[Contract, Coordinates]
-R = TypeVar("R", bound=tuple[Contract, Coordinates])
+Record = tuple[Any, Coordinates]  # a contract or an envelope, and where it came from
+R = TypeVar("R", bound=tuple[Any, Coordinates])
 PartitionKey = tuple[str, str, int]  # table, topic, partition
 
 
@@ -169,8 +168,8 @@ class ClickHouseSink:
             chunk = resent[start : start + 5_000]
             ids = ",".join(f"'{v.event_id}'" for v in chunk)
             # a second either side: the table keeps milliseconds, an event may carry more
-            lo = min(v.observed_at for v in chunk) - timedelta(seconds=1)  # type: ignore[attr-defined]
-            hi = max(v.observed_at for v in chunk) + timedelta(seconds=1)  # type: ignore[attr-defined]
+            lo = min(v.observed_at for v in chunk) - timedelta(seconds=1)
+            hi = max(v.observed_at for v in chunk) + timedelta(seconds=1)
             sql = (
                 f"SELECT toString(event_id) FROM {self.store.database}.{table} "
                 f"WHERE src_topic IN ({topics}) AND event_id IN ({ids}) AND observed_at BETWEEN "
@@ -203,23 +202,29 @@ class ClickHouseSink:
         written = 0
         ingested_at = instant_json(now)
         for table, recs in by_table.items():
-            layout = LAYOUTS[type(recs[0][0])]
+            layout = LAYOUTS[type(recs[0][0])]  # the table's columns (a v1 and a v2 type agree)
             token = batch_token(table, recs)
-            if layout.to_line is not None:
-                to_line = layout.to_line
-                lines = [to_line(value, at, ingested_at) for value, at in recs]
+            if layout.to_lines is not None:
+                lines: list[bytes] = []
+                for value, at in recs:  # v1 messages and v2 envelopes may share a table
+                    to_lines = LAYOUTS[type(value)].to_lines
+                    assert to_lines is not None
+                    lines += to_lines(value, at, ingested_at)
                 await self._insert(layout, self._json_insert, lines, token)
+                rows = len(lines)
             else:
                 assert layout.to_row is not None
                 to_row = layout.to_row
-                rows = [to_row(value, at, now) for value, at in recs]
-                await self._insert(layout, self._row_insert, rows, token)
+                await self._insert(
+                    layout, self._row_insert, [to_row(value, at, now) for value, at in recs], token
+                )
+                rows = len(recs)
             self.marks.advance(table, recs)
-            self.metrics.rows.labels(table).inc(len(recs))
-            written += len(recs)
+            self.metrics.rows.labels(table).inc(rows)
+            written += rows
         return written
 
-    def _json_insert(self, layout: TableLayout, lines: list[Any], token: str) -> None:
+    def _json_insert(self, layout: TableLayout, lines: list[bytes], token: str) -> None:
         self.store.insert_json_lines(
             layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS
         )

@@ -8,6 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from agents.envelopes import pack
 from agents.simulated import SimulatedFleetAgent
 from schemas.base import Contract
 from schemas.codec import encode
@@ -37,9 +38,16 @@ def fleet_events(
     return SimulatedFleetAgent(nodes=nodes, devices_per_node=8, seed=seed, start=START).first(count)
 
 
+def fleet_messages(count: int, **kw: Any) -> list[tuple[TopicSpec, Any]]:
+    """What agents put on the wire for ``fleet_events(count)``: each node's accelerator
+    samples and serving metrics of a tick packed into one envelope (v2)."""
+    return pack(fleet_events(count, **kw))
+
+
 def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
     """``count`` bad messages spread over the telemetry topics, with the expected error kind."""
-    valid = {spec.name: json.loads(encode(v)) for spec, v in fleet_events(400)}
+    valid = {spec.name: json.loads(encode(v)) for spec, v in pack(fleet_events(400))}
+    valid |= {spec.name: json.loads(encode(v)) for spec, v in fleet_events(400)}
     kinds: list[tuple[str, object]] = [
         ("bad_json", b"{not json"),
         ("bad_json", b"\xff\xfe\x00garbage"),
@@ -59,14 +67,21 @@ def malformed_payloads(count: int) -> list[tuple[TopicSpec, bytes, str]]:
         if isinstance(how, bytes):
             raw = how
         elif how == "version":
-            doc["schema_version"] = 2
+            doc["schema_version"] += 1
             raw = json.dumps(doc).encode()
         elif how in ("nan", "inf"):
-            field = next(k for k, v in doc.items() if isinstance(v, float))
-            doc[field] = float("nan") if how == "nan" else float("inf")
+            inner = doc
+            if spec.envelope:  # a copy: the valid document's samples stay as they were
+                doc["samples"] = [dict(sample) for sample in doc["samples"]]
+                inner = doc["samples"][0]
+            field = next(k for k, v in inner.items() if isinstance(v, float))
+            inner[field] = float("nan") if how == "nan" else float("inf")
             raw = json.dumps(doc).encode()  # json.dumps writes NaN / Infinity tokens
         elif how == "missing":
             doc.pop("observed_at")
+            raw = json.dumps(doc).encode()
+        elif spec.envelope:  # a bad sample is its own dead letter; an envelope of none is bad
+            doc["samples"] = []
             raw = json.dumps(doc).encode()
         else:
             field = next(

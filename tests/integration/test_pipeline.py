@@ -23,18 +23,23 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from agents.envelopes import pack
 from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import free_port
 from fleetloop.topics_admin import ensure_topics
-from schemas.topics import TELEMETRY_TOPICS
+from schemas.codec import encode
+from schemas.topics import ACCELERATOR_TICKS, TELEMETRY_TOPICS, TopicSpec
 from tests.factories import fleet_events, malformed_payloads
 from tests.integration.worker_proc import WorkerProcess
 
 pytestmark = pytest.mark.integration
 DB = "fleetloop"
+TABLES = sorted({spec.table for spec in TELEMETRY_TOPICS})
+PER_SAMPLE = {spec.table for spec in TELEMETRY_TOPICS if spec.envelope}  # rows of envelopes
 COUNTS_SQL = " UNION ALL ".join(
-    f"SELECT '{spec.table}', count(), uniqExact(event_id) FROM {DB}.{spec.table}"
-    for spec in TELEMETRY_TOPICS
+    f"SELECT '{table}', count(), "
+    f"uniqExact(event_id{', sample_index' if table in PER_SAMPLE else ''}) FROM {DB}.{table}"
+    for table in TABLES
 ) + (
     f" UNION ALL SELECT 'dead_letters', count(), "
     f"uniqExact(source_topic, source_partition, source_offset) FROM {DB}.dead_letters"
@@ -42,8 +47,9 @@ COUNTS_SQL = " UNION ALL ".join(
 
 
 async def _publish(bootstrap: str, prefix: str, events: list, bad: list) -> None:  # type: ignore[type-arg]
+    """``events`` as agents send them (node-tick envelopes), then ``bad`` raw."""
     async with KafkaPublisher(bootstrap, topic_prefix=prefix) as publisher:
-        for spec, value in events:
+        for spec, value in pack(events):
             await publisher.publish(spec, value)
         for i, (spec, raw, _kind) in enumerate(bad):
             await publisher.publish_raw(spec.name, f"bad-{i}".encode(), raw)
@@ -86,7 +92,20 @@ def _stop_mid_stream(
 
 
 def _expected(events: list) -> Counter[str]:  # type: ignore[type-arg]
+    """Rows per table: one per device sample, packed or not."""
     return Counter(spec.table for spec, _ in events)
+
+
+def _one_bad_sample_each(count: int) -> tuple[list[tuple[TopicSpec, bytes, str]], int]:
+    """``count`` envelopes whose third sample is out of bounds (dead-lettered alone), and
+    how many good samples they carry."""
+    ticks = [v for s, v in pack(fleet_events(2_000, seed=9)) if s is ACCELERATOR_TICKS][:count]
+    out: list[tuple[TopicSpec, bytes, str]] = []
+    for tick in ticks:
+        doc = json.loads(encode(tick))
+        doc["samples"][2]["gpu_temp_celsius"] = 9_000.0
+        out.append((ACCELERATOR_TICKS, json.dumps(doc).encode(), "schema"))
+    return out, sum(len(t.samples) - 1 for t in ticks)
 
 
 async def _dlq_coordinates(bootstrap: str, prefix: str, expected: int) -> list[dict]:  # type: ignore[type-arg]
@@ -135,19 +154,27 @@ def test_exactly_once_into_clickhouse_across_sigkill(
     try:
         # Phase 1: 10,000 events of all five families + 100 malformed messages.
         events = fleet_events(10_000, seed=1)
+        sample_bad, good_beside = _one_bad_sample_each(5)
         bad = malformed_payloads(100)
-        assert set(_expected(events)) == {s.table for s in TELEMETRY_TOPICS}
-        asyncio.run(_publish(kafka_bootstrap, topic_prefix, events, bad))
-        counts = _wait_for(worker, 10_000, 100)
-        for table, n in _expected(events).items():
+        assert set(_expected(events)) == set(TABLES)
+        asyncio.run(_publish(kafka_bootstrap, topic_prefix, events, bad + sample_bad))
+        counts = _wait_for(worker, 10_000 + good_beside, 105)
+        expected = _expected(events)
+        expected["accelerator_telemetry"] += good_beside
+        for table, n in expected.items():
             assert counts[table] == (n, n), table
-        assert counts["dead_letters"] == (100, 100)
+        assert counts["dead_letters"] == (105, 105)
         kinds = worker.sql(f"SELECT error_kind, count() FROM {DB}.dead_letters GROUP BY 1")
-        assert dict((k, int(c)) for k, c in kinds) == Counter(k for _, _, k in bad)
+        assert dict((k, int(c)) for k, c in kinds) == Counter(k for _, _, k in bad + sample_bad)
+        indexed = worker.sql(
+            f"SELECT source_index, count() FROM {DB}.dead_letters "
+            "WHERE source_index IS NOT NULL GROUP BY 1"
+        )
+        assert [(int(i), int(c)) for i, c in indexed] == [(2, 5)]  # the bad sample alone
 
-        letters = asyncio.run(_dlq_coordinates(kafka_bootstrap, topic_prefix, 100))
+        letters = asyncio.run(_dlq_coordinates(kafka_bootstrap, topic_prefix, 105))
         coords = {(d["source_topic"], d["source_partition"], d["source_offset"]) for d in letters}
-        assert len(coords) == 100
+        assert len(coords) == 105
         assert all(d["error_kind"] and d["raw_base64"] is not None for d in letters)
 
         # Phase 2: 20,000 more + 50 malformed; SIGKILL mid-stream; restart.
@@ -155,14 +182,14 @@ def test_exactly_once_into_clickhouse_across_sigkill(
         more_bad = malformed_payloads(150)[100:]
         asyncio.run(_publish(kafka_bootstrap, topic_prefix, more, more_bad))
         at_kill = _stop_mid_stream(worker, above=12_000, how=WorkerProcess.kill)
-        assert 12_000 < at_kill < 30_000, f"kill did not land mid-stream: {at_kill} rows"
+        assert 12_000 < at_kill < 30_000 + good_beside, f"kill not mid-stream: {at_kill} rows"
 
         restarted = start_worker()
-        counts = _wait_for(restarted, 30_000, 150)
-        expected = _expected(events) + _expected(more)
+        counts = _wait_for(restarted, 30_000 + good_beside, 155)
+        expected += _expected(more)
         for table, n in expected.items():
             assert counts[table] == (n, n), (table, counts[table], n)
-        assert counts["dead_letters"] == (150, 150)
+        assert counts["dead_letters"] == (155, 155)
         replayed = restarted.metric("fleetloop_sink_replayed_rows_total")
         print(f"killed at {at_kill} stored rows; restart dropped {replayed:.0f} replayed rows")
         assert replayed > 0, "the restart re-read nothing: the replay path was not exercised"
@@ -190,19 +217,19 @@ def test_exactly_once_into_clickhouse_across_sigkill(
 
         out = fleetloop_sql(f"SELECT count() FROM {DB}.dead_letters")
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["rows"] == [[150]]
+        assert json.loads(out.stdout)["rows"] == [[155]]
         out = fleetloop_sql(f"TRUNCATE TABLE {DB}.dead_letters")
         assert out.returncode == 1 and "readonly" in out.stderr.lower()
-        assert _counts(restarted)["dead_letters"] == (150, 150)
+        assert _counts(restarted)["dead_letters"] == (155, 155)
 
         # Phase 3: a graceful stop (SIGTERM) mid-stream must not commit unwritten rows either.
         last = fleet_events(20_000, seed=3)
         asyncio.run(_publish(kafka_bootstrap, topic_prefix, last, []))
         at_term = _stop_mid_stream(restarted, above=32_000, how=WorkerProcess.stop)
-        assert 32_000 < at_term < 50_000, f"SIGTERM did not land mid-stream: {at_term} rows"
+        assert 32_000 < at_term < 50_000 + good_beside, f"SIGTERM not mid-stream: {at_term} rows"
         third = start_worker()
         try:
-            counts = _wait_for(third, 50_000, 150)
+            counts = _wait_for(third, 50_000 + good_beside, 155)
             for table, n in (expected + _expected(last)).items():
                 assert counts[table] == (n, n), (table, counts[table], n)
             print(f"SIGTERM at {at_term} stored rows; 50,000 exact after restart")

@@ -6,11 +6,11 @@ import pytest
 from schemas.codec import MAX_MESSAGE_BYTES, DecodeError, DecodeErrorKind, decode, encode
 from schemas.events import AcceleratorTelemetry
 from schemas.topics import TELEMETRY_TOPICS
-from tests.factories import fleet_events, malformed_payloads
+from tests.factories import fleet_events, fleet_messages, malformed_payloads
 
 
 def test_every_family_round_trips_through_json() -> None:
-    events = fleet_events(500)
+    events = fleet_events(500) + fleet_messages(500)
     assert {spec.name for spec, _ in events} == {t.name for t in TELEMETRY_TOPICS}
     for spec, value in events:
         assert decode(encode(value), spec.value_type) == value

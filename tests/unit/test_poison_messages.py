@@ -78,8 +78,8 @@ def test_every_ingested_message_is_accepted_or_dead_lettered(
             return
         value = out.valid[0][0]
         layout = LAYOUTS[type(value)]
-        if layout.to_line is not None:  # the sink's conversion must not fail either
-            layout.to_line(value, at, instant_json(START))
+        if layout.to_lines is not None:  # the sink's conversion must not fail either
+            layout.to_lines(value, at, instant_json(START))
         seen["valid"] += 1
         if len(accepted) < STORED_SAMPLE:
             accepted.append((value, at))

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS ${database}.accelerator_telemetry
     src_topic LowCardinality(String),
     src_partition UInt32,
     src_offset UInt64,
+    sample_index UInt16 DEFAULT 0,
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
@@ -135,6 +136,7 @@ CREATE TABLE IF NOT EXISTS ${database}.serving_metrics
     src_topic LowCardinality(String),
     src_partition UInt32,
     src_offset UInt64,
+    sample_index UInt16 DEFAULT 0,
     ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
@@ -171,6 +173,7 @@ CREATE TABLE IF NOT EXISTS ${database}.dead_letters
     source_topic LowCardinality(String),
     source_partition UInt32,
     source_offset UInt64,
+    source_index Nullable(UInt32),
     source_key Nullable(String),
     error_kind LowCardinality(String),
     error String,
