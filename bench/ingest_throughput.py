@@ -1,20 +1,27 @@
-"""Ingest throughput: the faust worker against a raw aiokafka ``getmany`` + decode loop.
+"""Ingest throughput per device sample: the production ingest loop against raw getmany.
 
-All read the same pre-produced telemetry (all five families, the simulated
-fleet's mix) from the same broker in one run. The raw loop only decodes and
-validates; the worker also writes to ClickHouse (embedded) and commits
-offsets, which is the real job; a faust worker whose processors only count
-separates faust's own per-event cost from ours. Prints the rates and ratios.
+Every path reads the same pre-produced telemetry (node-tick envelopes, as agents
+send them: all families of the simulated fleet's mix) from the same broker in
+one run, and is timed from its first fetched batch to its last sample:
 
-    python -m bench.ingest_throughput --events 100000
+- the baseline: a raw aiokafka ``getmany`` loop that decodes and validates every
+  envelope (msgspec, :func:`schemas.codec.decode_tick`) and does nothing else;
+- the ingest loop the worker runs (:class:`streams.ingest_loop.IngestLoop`), in
+  this process, into embedded ClickHouse: decode, dead letters, watermarks,
+  insert, commit;
+- optionally (``--worker``) the worker process with only the ingest role, read
+  from outside through ``/sql``.
+
+Rates are device samples (ClickHouse rows) per second; the goal is >= 100,000
+with a ratio >= 0.5 against the baseline.
+
+    python -m bench.ingest_throughput --samples 400000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,10 +29,12 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
+from agents.envelopes import pack
 from agents.publisher import KafkaPublisher
 from agents.simulated import SimulatedFleetAgent
 from bench.broker import bench_broker
@@ -33,35 +42,41 @@ from fleetloop.kafka_broker import free_port
 from fleetloop.settings import REPO_ROOT
 from fleetloop.topics_admin import ensure_topics
 from fleetloop.worker import tune_gc
-from schemas.base import Contract
-from schemas.codec import DecodeError, decode
-from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+from schemas.codec import DecodeError, decode_samples, decode_tick
+from schemas.topics import INGESTED_TOPICS, TELEMETRY_TOPICS, TopicSpec
 from streams.clickhouse_store import open_store
-from streams.ingest import RawMessage, split
-from streams.rows import Coordinates
+from streams.ingest_loop import IngestLoop, IngestSettings
 from streams.sink import ClickHouseSink
 
 
-def _events(count: int) -> list[tuple[TopicSpec, Contract]]:
-    agent = SimulatedFleetAgent(nodes=50, devices_per_node=8, seed=5, start=datetime.now(UTC))
-    return agent.first(count)
+def _messages(samples: int) -> list[tuple[TopicSpec, Any]]:
+    """Envelopes of at least ``samples`` device samples (and the other families beside)."""
+    agent = SimulatedFleetAgent(nodes=250, devices_per_node=8, seed=5, start=datetime.now(UTC))
+    events: list[tuple[TopicSpec, Any]] = []
+    n = 0
+    while len(events) < samples:
+        events += agent.tick(n)
+        n += 1
+    return pack(events)
 
 
-async def _produce(bootstrap: str, prefix: str, events: list[tuple[TopicSpec, Contract]]) -> float:
+def _rows(value: Any) -> int:
+    return len(value.samples) if hasattr(value, "samples") and hasattr(value, "node_id") else 1
+
+
+async def _produce(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Any]]) -> float:
     started = time.perf_counter()
     async with KafkaPublisher(bootstrap, topic_prefix=prefix, linger_ms=20) as publisher:
-        for i, (spec, value) in enumerate(events):
+        for i, (spec, value) in enumerate(messages):
             await publisher.publish(spec, value)
             if i % 20_000 == 19_999:
                 await publisher.flush()
         await publisher.flush()
-    return len(events) / (time.perf_counter() - started)
+    return len(messages) / (time.perf_counter() - started)
 
 
-async def _raw_loop(
-    bootstrap: str, prefix: str, total: int, sink: ClickHouseSink | None = None
-) -> tuple[float, int]:
-    """getmany + decode; with ``sink``, also the worker's ingest step and ClickHouse writes."""
+async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int]:
+    """getmany + decode and validate every sample: the ceiling of any ingest."""
     by_name = {prefix + spec.name: spec for spec in TELEMETRY_TOPICS}
     consumer = AIOKafkaConsumer(
         *by_name,
@@ -71,6 +86,7 @@ async def _raw_loop(
         enable_auto_commit=False,
         max_poll_records=10_000,
         fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     await consumer.start()
     seen = bad = 0
@@ -80,32 +96,76 @@ async def _raw_loop(
             batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
             if started is None and batches:
                 started = time.perf_counter()
-            now = datetime.now(UTC)
-            decoded: list[tuple[Contract, Coordinates]] = []
             for tp, records in batches.items():
-                spec = by_name[tp.topic]
-                if sink is not None:
-                    messages = [
-                        RawMessage(Coordinates(r.topic, r.partition, r.offset), r.key, r.value)
-                        for r in records
-                    ]
-                    result = split(messages, spec.value_type, now=now)
-                    decoded += [*result.valid, *result.dead]
-                    bad += len(result.dead)
-                    seen += len(records)
-                    continue
+                value_type = by_name[tp.topic].value_type
                 for record in records:
                     try:
-                        decode(record.value, spec.value_type)
+                        if by_name[tp.topic].envelope:
+                            tick = decode_tick(record.value, value_type).tick
+                            seen += 0 if tick is None else len(tick.samples)
+                        else:
+                            seen += len(decode_samples(record.value, value_type))
                     except DecodeError:
                         bad += 1
-                    seen += 1
-            if sink is not None and decoded:
-                await sink.write(decoded, now=now)  # one insert per table per poll
         assert started is not None
         return seen / (time.perf_counter() - started), bad
     finally:
         await consumer.stop()
+
+
+async def _ingest_loop(bootstrap: str, prefix: str, total: int, home: Path) -> float:
+    """The worker's ingest loop, in this process, into embedded ClickHouse."""
+    store = open_store(url=None, data_dir=home / "loop-clickhouse", database="bench")
+    store.apply_schema()
+    registry = CollectorRegistry()
+    sink = ClickHouseSink(store, registry=registry)
+    from streams.app import IngestMetrics  # the worker's own counters
+
+    metrics = IngestMetrics(registry)
+    topics = {prefix + spec.name: spec for spec in INGESTED_TOPICS}
+    settings = IngestSettings(
+        bootstrap=bootstrap,
+        group_id=f"bench-ingest-{uuid.uuid4().hex[:6]}",
+        topics=topics,
+        dlq_names={name: prefix + spec.dlq_name for name, spec in topics.items()},
+    )
+
+    def fatal(where: str, exc: BaseException) -> None:
+        raise RuntimeError(f"{where} failed") from exc
+
+    loop = IngestLoop(
+        settings, sink, events=metrics.events, dead_letters=metrics.dead_letters,
+        errors=metrics.errors, on_fatal=fatal,
+    )  # fmt: skip
+    first: list[float] = []
+    fetch = loop._fetch
+
+    async def timed() -> Any:
+        batch = await fetch()
+        if batch is not None and not first:
+            first.append(time.perf_counter())
+        return batch
+
+    loop._fetch = timed  # type: ignore[method-assign]
+    task = asyncio.create_task(loop.run())
+    try:
+        while True:
+            written = sum(
+                sample.value
+                for family in registry.collect()
+                if family.name == "fleetloop_sink_rows"
+                for sample in family.samples
+                if sample.name.endswith("_total")
+            )
+            if written >= total:
+                return total / (time.perf_counter() - first[0])
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
 
 
 def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[float, Counter[str]]:
@@ -113,10 +173,9 @@ def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[f
     from tests.integration.worker_proc import WorkerProcess
 
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=free_port())
-    worker.args += ["--loglevel", "warning"]
-    count_sql = " UNION ALL ".join(
-        f"SELECT '{s.table}', count() FROM fleetloop.{s.table}" for s in TELEMETRY_TOPICS
-    )
+    worker.args += ["--loglevel", "warning", "--processors", "ingest"]
+    tables = sorted({s.table for s in TELEMETRY_TOPICS})
+    count_sql = " UNION ALL ".join(f"SELECT '{t}', count() FROM fleetloop.{t}" for t in tables)
     worker.start()
     try:
         first_at: float | None = None
@@ -136,70 +195,38 @@ def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[f
         worker.stop()
 
 
-def _faust_noop_rate(bootstrap: str, prefix: str, total: int) -> float:
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.faust_noop",
-        "--bootstrap",
-        bootstrap,
-        "--prefix",
-        prefix,
-        "--events",
-        str(total),
-    ]
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT, check=False
-    )
-    rates = re.findall(r"^rate (\d+)$", out.stdout, flags=re.MULTILINE)
-    if not rates:
-        raise RuntimeError(f"faust no-op run failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    return float(rates[0])
-
-
 def _line(label: str, rate: float, note: str = "") -> None:
     print(f"{label:42}: {rate:10,.0f} events/s" + (f"  ({note})" if note else ""))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=400_000)
+    parser.add_argument("--worker", action="store_true", help="also the worker process")
     args = parser.parse_args()
+    tune_gc()  # as the worker does at start-up
     with tempfile.TemporaryDirectory(prefix="fleetloop-bench-") as tmp:
         home = Path(tmp)
         with bench_broker(home) as bootstrap:
             prefix = f"bench-{uuid.uuid4().hex[:8]}."
-            asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
-            events = _events(args.events)
-            produce_rate = asyncio.run(_produce(bootstrap, prefix, events))
-            mix = Counter(spec.name.split(".")[1] for spec, _ in events)
-            print(f"pre-produced {len(events)} events ({dict(mix)}) at {produce_rate:,.0f}/s")
-            raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, len(events)))
-            _line("raw aiokafka getmany + decode (baseline)", raw_rate, f"{bad} invalid")
-            sink_rates: dict[str, float] = {}
-            for gc_mode in ("default", "tuned"):
-                if gc_mode == "tuned":
-                    tune_gc()  # as the worker does at start-up
-                store = open_store(
-                    url=None, data_dir=home / "raw-clickhouse", database=f"raw_{gc_mode}_gc"
-                )
-                store.apply_schema()
-                sink = ClickHouseSink(store, registry=CollectorRegistry())
-                rate, _ = asyncio.run(_raw_loop(bootstrap, prefix, len(events), sink))
-                sink_rates[gc_mode] = rate
-                _line(f"raw getmany + ingest + sink, gc {gc_mode}", rate, "the worker's steps")
-            noop_rate = _faust_noop_rate(bootstrap, prefix, len(events))
-            _line("faust no-op processors", noop_rate, "faust's own ceiling")
-            worker_rate, stored = _worker_rate(bootstrap, prefix, len(events), home / "worker")
-            _line("faust worker -> ClickHouse", worker_rate, f"{sum(stored.values())} rows")
-            print(f"ratio worker / raw baseline: {worker_rate / raw_rate:.3f}")
-            print(f"ratio faust no-op / raw baseline: {noop_rate / raw_rate:.3f}")
-            print(f"ratio worker / faust no-op: {worker_rate / noop_rate:.3f}")
-            print(f"ratio worker / raw + sink (gc tuned): {worker_rate / sink_rates['tuned']:.3f}")
-            print(
-                f"ratio gc tuned / gc default (raw + sink): "
-                f"{sink_rates['tuned'] / sink_rates['default']:.3f}"
+            asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=INGESTED_TOPICS))
+            messages = _messages(args.samples)
+            rows = sum(_rows(v) for _, v in messages)
+            produce_rate = asyncio.run(_produce(bootstrap, prefix, messages))
+            mix = Counter(spec.name for spec, _ in messages)
+            print(f"pre-produced {len(messages)} messages, {rows} samples ({dict(mix)}) "
+                  f"at {produce_rate:,.0f} messages/s")  # fmt: skip
+            raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, rows))
+            _line("raw getmany + decode (baseline)", raw_rate, f"{bad} invalid")
+            loop_rate = asyncio.run(_ingest_loop(bootstrap, prefix, rows, home))
+            _line(
+                "ingest loop -> embedded ClickHouse", loop_rate, "the worker's ingest, in-process"
             )
+            print(f"ratio ingest loop / raw baseline: {loop_rate / raw_rate:.3f}")
+            if args.worker:
+                worker_rate, stored = _worker_rate(bootstrap, prefix, rows, home / "worker")
+                _line("worker process (ingest only)", worker_rate, f"{sum(stored.values())} rows")
+                print(f"ratio worker / raw baseline: {worker_rate / raw_rate:.3f}")
 
 
 if __name__ == "__main__":

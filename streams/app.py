@@ -1,9 +1,12 @@
-"""The faust worker: one ingest processor per ingested topic, the sink, the web surface.
+"""The worker: the ingest loop, the controller roles' faust processors, the web surface.
 
-Each processor is thin: take a batch of events, split it into valid events and
-dead letters (pure), publish dead letters to ``<topic>.dlq``, write both to
-ClickHouse, count, and only then ack the batch, so faust commits offsets only
-for rows ClickHouse holds.
+Ingest is not a faust agent: it runs as its own aiokafka consumer group inside
+this process (:mod:`streams.ingest_loop`), because faust's cost per message
+capped it. It splits each batch into valid events and dead letters (pure),
+publishes dead letters to ``<topic>.dlq``, writes both to ClickHouse, and only
+then commits, so offsets move only for rows ClickHouse holds. The roles
+(health, demand, control) are faust agents in the app's own group; several
+workers with the same app id split their partitions.
 """
 
 from __future__ import annotations
@@ -13,9 +16,8 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import faust
 from prometheus_client import (
@@ -27,8 +29,6 @@ from prometheus_client import (
 )
 
 from planning.issuing import IssuerWiring
-from schemas.codec import encode
-from schemas.commands import DeadLetter
 from schemas.topics import INGESTED_TOPICS, TopicSpec
 from sre.dashboards import load_dashboards, render_page
 from sre.results import QueryResult
@@ -37,12 +37,11 @@ from streams.control import add_control
 from streams.demand import add_demand
 from streams.fatal import fail_stop
 from streams.health import add_health
-from streams.ingest import RawMessage, split
+from streams.ingest_loop import IngestLoop, IngestSettings
 from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
 from streams.page_access import PageAccess, refusal
-from streams.rows import Coordinates
-from streams.sink import ClickHouseSink, is_resent
+from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +96,9 @@ class IngestMetrics:
         )
         self.lag = Gauge(
             "fleetloop_consumer_lag_messages",
-            "Messages on the broker not yet committed by the worker's group, per source topic",
-            ["topic"],
+            "Messages on the broker not yet committed, per source topic and consumer group "
+            "(the roles' faust group, the ingest loop's own)",
+            ["topic", "group"],
             registry=registry,
         )
         self.lag_errors = Counter(
@@ -144,15 +144,7 @@ def create_app(
     sources: list[TopicSpec] = []
     if store is not None:
         sink = ClickHouseSink(store, registry=registry)
-
-        async def _moved(sender: Any, revoked: set[Any], **_: Any) -> None:
-            # Another worker may write these partitions now: reload their marks if they return.
-            sink.marks.forget((tp.topic, tp.partition) for tp in revoked)
-
-        cast(Any, app.on_partitions_revoked).connect(_moved)
-        for spec in INGESTED_TOPICS:
-            _add_ingest(app, config, spec, sink, metrics, on_fatal)
-        sources += INGESTED_TOPICS
+        _add_ingest(app, config, sink, metrics, on_fatal)
     outputs = Outputs(
         app, ControllerMetrics(registry), topic_prefix=config.topic_prefix,
         roles=set(config.wirings),
@@ -160,87 +152,76 @@ def create_app(
     for role, wiring in config.wirings.items():
         read = PROCESSORS[role](app, wiring, outputs, registry, config.page_access)
         sources += [s for s in read if s not in sources]
-    _add_lag_timer(app, config, metrics, sources)
+    groups = {config.app_id: sources}
+    if store is not None:
+        groups[ingest_group(config.app_id)] = list(INGESTED_TOPICS)
+    _add_lag_timer(app, config, metrics, groups)
     _add_metrics_pages(app, store, registry)
     if store is not None:
         _add_clickhouse_pages(app, store, config.page_access)
     return app
 
 
+def ingest_group(app_id: str) -> str:
+    """The consumer group of a worker's ingest loop (apart from faust's, ``app_id``)."""
+    return f"{app_id}.ingest"
+
+
 def _add_ingest(
     app: faust.App,
     config: WorkerConfig,
-    spec: TopicSpec,
     sink: ClickHouseSink,
     metrics: IngestMetrics,
     on_fatal: Callable[[str, BaseException], None],
 ) -> None:
-    name = config.topic_prefix + spec.name
-    source = app.topic(name, value_type=bytes, key_type=bytes, partitions=spec.partitions)
-    dlq = app.topic(config.topic_prefix + spec.dlq_name, value_type=bytes, key_type=bytes)
-    valid_count = metrics.events.labels(name, "valid")
-    dead_count = metrics.events.labels(name, "dead_letter")
+    topics = {config.topic_prefix + spec.name: spec for spec in INGESTED_TOPICS}
+    settings = IngestSettings(
+        bootstrap=config.bootstrap,
+        group_id=ingest_group(config.app_id),
+        topics=topics,
+        dlq_names={name: config.topic_prefix + spec.dlq_name for name, spec in topics.items()},
+        batch_max=config.batch_max,
+        batch_within_s=config.batch_within_s,
+        session_timeout_s=config.session_timeout_s,
+        commit_interval_s=config.commit_interval_s,
+    )
+    loop = IngestLoop(
+        settings, sink, events=metrics.events, dead_letters=metrics.dead_letters,
+        errors=metrics.errors, on_fatal=on_fatal,
+    )  # fmt: skip
 
-    async def handle(events: list[Any]) -> None:
-        now = datetime.now(UTC)
-        messages = [
-            RawMessage(
-                Coordinates(
-                    e.message.topic, e.message.partition, e.message.offset,
-                    resent=is_resent(e.message.headers),
-                ),
-                e.message.key,
-                e.message.value,
-            )
-            for e in events
-        ]  # fmt: skip
-        result = split(messages, spec.value_type, now=now)
-        fresh = await sink.unseen([*result.valid, *result.dead])  # drop what a replay re-read
-        deliveries = []
-        for letter, _at in fresh:
-            if isinstance(letter, DeadLetter):
-                key = (letter.source_key or "").encode()
-                deliveries.append(await dlq.send(key=key, value=encode(letter)))
-                metrics.dead_letters.labels(name, letter.error_kind).inc()
-        await asyncio.gather(*deliveries)  # dead letters are durable before offsets move
-        await sink.write_unseen(fresh, now=now)
-        valid_count.inc(len(result.valid))
-        dead_count.inc(len(result.dead))
+    async def ingest() -> None:
+        try:
+            await loop.run()
+        except asyncio.CancelledError:
+            raise  # the worker is stopping: the write in flight was finished and committed
+        except Exception as exc:  # the broker refused us at start, or a write failed
+            on_fatal("ingest", exc)
+            raise
 
-    processor = f"ingest.{spec.name}"
-    errors = metrics.errors.labels(processor)
-
-    async def ingest(stream: Any) -> None:
-        # noack_take, not take_events: take_events acks a batch in a finally block, so a
-        # shutdown that cancels us mid-write would ack (and faust commit) rows never written.
-        async for events in stream.noack_take(config.batch_max, within=config.batch_within_s):
-            try:
-                await handle(events)
-            except Exception as exc:
-                errors.inc()
-                on_fatal(processor, exc)
-                raise  # on_fatal ends the process; if it ever returns, never ack this batch
-            for event in events:  # only now may faust commit these offsets
-                await stream.ack(event)
-
-    ingest.__name__ = ingest.__qualname__ = processor  # what faust logs
-    app.agent(source, name=processor, concurrency=1)(ingest)
+    ingest.__name__ = ingest.__qualname__ = "ingest"  # what faust logs
+    app.task(ingest)
 
 
 def _add_lag_timer(
-    app: faust.App, config: WorkerConfig, metrics: IngestMetrics, sources: list[TopicSpec]
+    app: faust.App,
+    config: WorkerConfig,
+    metrics: IngestMetrics,
+    groups: Mapping[str, list[TopicSpec]],
 ) -> None:
-    topics = [config.topic_prefix + spec.name for spec in sources]
-
     async def consumer_lag() -> None:
-        try:
-            lag = await fetch_lag(config.bootstrap, config.app_id, topics)
-        except Exception as exc:  # a metric must never stop the worker
-            metrics.lag_errors.inc()
-            log.warning("consumer lag not measured: %r", exc)
-            return
-        for topic, messages in lag.items():
-            metrics.lag.labels(topic).set(messages)
+        for group, specs in groups.items():
+            if not specs:
+                continue
+            topics = [config.topic_prefix + spec.name for spec in specs]
+            try:
+                lag = await fetch_lag(config.bootstrap, group, topics)
+            except Exception as exc:  # a metric must never stop the worker
+                metrics.lag_errors.inc()
+                log.warning("consumer lag of %s not measured: %r", group, exc)
+                continue
+            for topic, messages in lag.items():
+                metrics.lag.labels(topic, group).set(messages)
 
     app.timer(interval=config.lag_interval_s, name="consumer_lag")(consumer_lag)
 
