@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import sys
 import tempfile
 import time
@@ -113,8 +114,15 @@ async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int
         await consumer.stop()
 
 
-async def _ingest_loop(bootstrap: str, prefix: str, total: int, home: Path) -> float:
-    """The worker's ingest loop, in this process, into embedded ClickHouse."""
+def _cpu_s() -> float:
+    """CPU seconds this process has used, every thread (chDB's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _ingest_loop(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[float, float]:
+    """The worker's ingest loop, in this process, into embedded ClickHouse: samples per
+    second of wall time, and per CPU second (what one core carries)."""
     store = open_store(url=None, data_dir=home / "loop-clickhouse", database="bench")
     store.apply_schema()
     registry = CollectorRegistry()
@@ -137,13 +145,13 @@ async def _ingest_loop(bootstrap: str, prefix: str, total: int, home: Path) -> f
         settings, sink, events=metrics.events, dead_letters=metrics.dead_letters,
         errors=metrics.errors, on_fatal=fatal,
     )  # fmt: skip
-    first: list[float] = []
+    first: list[tuple[float, float]] = []
     fetch = loop._fetch
 
-    async def timed() -> Any:
-        batch = await fetch()
-        if batch is not None and not first:
-            first.append(time.perf_counter())
+    async def timed(within_s: float) -> Any:
+        batch = await fetch(within_s)
+        if batch is not None and not first:  # as the baseline: from the first batch's return
+            first.append((time.perf_counter(), _cpu_s()))
         return batch
 
     loop._fetch = timed  # type: ignore[method-assign]
@@ -158,7 +166,8 @@ async def _ingest_loop(bootstrap: str, prefix: str, total: int, home: Path) -> f
                 if sample.name.endswith("_total")
             )
             if written >= total:
-                return total / (time.perf_counter() - first[0])
+                wall, cpu = time.perf_counter() - first[0][0], _cpu_s() - first[0][1]
+                return total / wall, total / cpu
             if task.done():
                 task.result()
             await asyncio.sleep(0.02)
@@ -196,7 +205,7 @@ def _worker_rate(bootstrap: str, prefix: str, total: int, home: Path) -> tuple[f
 
 
 def _line(label: str, rate: float, note: str = "") -> None:
-    print(f"{label:42}: {rate:10,.0f} events/s" + (f"  ({note})" if note else ""))
+    print(f"{label:44}: {rate:10,.0f} samples/s" + (f"  ({note})" if note else ""))
 
 
 def main() -> None:
@@ -218,10 +227,9 @@ def main() -> None:
                   f"at {produce_rate:,.0f} messages/s")  # fmt: skip
             raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, rows))
             _line("raw getmany + decode (baseline)", raw_rate, f"{bad} invalid")
-            loop_rate = asyncio.run(_ingest_loop(bootstrap, prefix, rows, home))
-            _line(
-                "ingest loop -> embedded ClickHouse", loop_rate, "the worker's ingest, in-process"
-            )
+            loop_rate, per_core = asyncio.run(_ingest_loop(bootstrap, prefix, rows, home))
+            _line("ingest loop -> embedded ClickHouse", loop_rate, "in-process")
+            _line("ingest loop, per CPU second of its process", per_core, "one core's share")
             print(f"ratio ingest loop / raw baseline: {loop_rate / raw_rate:.3f}")
             if args.worker:
                 worker_rate, stored = _worker_rate(bootstrap, prefix, rows, home / "worker")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import os
 import shutil
 import signal
@@ -73,8 +74,9 @@ class LocalKafkaBroker:
     def fetch(self) -> Path:
         """Resolve the broker jars from Maven Central once; return the libs dir."""
         marker = self.libs_dir / ".complete"
-        if marker.exists():
-            return self.libs_dir
+        manifest = hashlib.sha256((KAFKA_INFRA / "pom.xml").read_bytes()).hexdigest()[:16]
+        if marker.exists() and marker.read_text().split() == [self.version, manifest]:
+            return self.libs_dir  # resolved from this very manifest
         if shutil.which(self.settings.mvn) is None:
             raise BrokerError(f"maven ({self.settings.mvn!r}) not found; install maven and Java 17")
         self.libs_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +95,7 @@ class LocalKafkaBroker:
             raise BrokerError(
                 f"resolving Kafka {self.version} jars failed:\n{proc.stdout}{proc.stderr}"
             )
-        marker.write_text(self.version + "\n")
+        marker.write_text(f"{self.version} {manifest}\n")
         return self.libs_dir
 
     # -- lifecycle ----------------------------------------------------------

@@ -125,6 +125,24 @@ class HealthDetector:
             members.append(device_uuid)
         return True
 
+    def release(self, owned: Callable[[Hashable], bool]) -> int:
+        """Forget every device and node whose samples come from a source that is no longer
+        ``owned`` (a partition another process took): its new owner judges it now, and a
+        source that stops here must not look like a fleet gone silent. Returns how many
+        devices were let go."""
+        gone = [u for u, d in self.devices.items() if d.source is not None and not owned(d.source)]
+        for device_uuid in gone:
+            del self.devices[device_uuid]
+        nodes = [n for n, s in self.node_source.items() if not owned(s)]
+        nodes += [n for n, members in self.node_devices.items() if set(members) <= set(gone)]
+        for node in set(nodes):
+            for table in (self.nodes, self.nodes_wall, self.node_source, self.node_devices):
+                table.pop(node, None)
+            self.lost_nodes.discard(node)
+        for source in [s for s in self.watermarks if not owned(s)]:
+            del self.watermarks[source]
+        return len(gone)
+
     # -- inputs ---------------------------------------------------------------------------
 
     def observe(

@@ -94,6 +94,12 @@ class IngestMetrics:
             ["processor"],
             registry=registry,
         )
+        self.on_dead_letter_topics = Counter(
+            "fleetloop_dead_letter_topic_records_total",
+            "Records read off the dead letter topics (by every ingest process), per topic",
+            ["topic"],
+            registry=registry,
+        )
         self.lag = Gauge(
             "fleetloop_consumer_lag_messages",
             "Messages on the broker not yet committed, per source topic and consumer group "
@@ -201,6 +207,23 @@ def _add_ingest(
 
     ingest.__name__ = ingest.__qualname__ = "ingest"  # what faust logs
     app.task(ingest)
+    _add_dead_letter_census(app, config, metrics)
+
+
+def _add_dead_letter_census(app: faust.App, config: WorkerConfig, metrics: IngestMetrics) -> None:
+    """Count what lies on the dead letter topics, whichever ingest process put it there (the
+    census of a fleet of ingest processes). It is also the faust subscription of a worker
+    that runs ingest alone: faust will not run a consumer with nothing to read."""
+    names = [config.topic_prefix + spec.dlq_name for spec in INGESTED_TOPICS]
+    source = app.topic(*names, value_type=bytes, key_type=bytes)
+
+    async def census(stream: Any) -> None:
+        async for events in stream.take_events(1_000, within=1.0):
+            for e in events:
+                metrics.on_dead_letter_topics.labels(e.message.topic).inc()
+
+    census.__name__ = census.__qualname__ = "ingest.dead_letter_census"
+    app.agent(source, name="ingest.dead_letter_census", concurrency=1)(census)
 
 
 def _add_lag_timer(

@@ -131,12 +131,14 @@ def add_health(
     """Register ``health.detect``, ``health.isolate``, the ladder's timer and the guardrail
     pages on ``app``; returns the topics they read."""
     m = HealthMetrics(registry, outputs)
-    _add_detector(app, wiring, m)
+    _add_detector(app, wiring, m, access)
     _add_isolation(app, wiring, m, outputs, access)
     return [*DETECTED, VERDICTS]
 
 
-def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) -> None:
+def _add_detector(
+    app: faust.App, wiring: HealthWiring, metrics: HealthMetrics, access: PageAccess | None
+) -> None:
     detector = isolation.detector(wiring)
     names = [wiring.topic_prefix + s.name for s in DETECTED]
     memory = StateTopic(
@@ -175,7 +177,16 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
             log.warning("detector memory not kept this round: %r", exc)
 
     async def moved(sender: Any, revoked: set[Any], **_: Any) -> None:
-        recalled.difference_update(tp.partition for tp in revoked if tp.topic in names)
+        gone = {tp.partition for tp in revoked if tp.topic in names}
+        if not gone:
+            return
+        # the telemetry topics share one partitioning by node: a partition that went, went
+        # for every family; its devices are the new owner's to judge, from what we kept
+        await keep_memory()
+        recalled.difference_update(gone)
+        released = detector.release(lambda source: cast(tuple[str, int], source)[1] not in gone)
+        metrics.devices.set(len(detector.devices))
+        log.info("partitions %s moved away: %d devices released", sorted(gone), released)
 
     cast(Any, app.on_partitions_revoked).connect(moved)
     app.timer(interval=wiring.memory_every_s, name="health.keep_memory")(keep_memory)
@@ -227,6 +238,15 @@ def _add_detector(app: faust.App, wiring: HealthWiring, metrics: HealthMetrics) 
 
     detect.__name__ = detect.__qualname__ = "health.detect"
     app.agent(source, name="health.detect", concurrency=1)(detect)
+
+    @app.page("/health/devices")
+    async def devices_page(web: Any, request: Any) -> Any:
+        """The devices this worker's detector watches and judges now, and the telemetry
+        partitions it holds: with several health workers, each device is in exactly one."""
+        refused = refusal(access, request.headers, guarded=False)
+        if refused is not None:
+            return web.json({"error": refused[1]}, status=refused[0])
+        return web.json({"devices": sorted(detector.devices), "partitions": sorted(recalled)})
 
 
 class _Held:

@@ -7,8 +7,9 @@ of what faust adds (tables, agents, joins): it decodes, dead-letters, writes and
 commits. So it runs as its own consumer group, ``<app id>.ingest``, inside the
 worker's process (embedded ClickHouse is owned by one process), on raw fetches:
 
-- one batch is decoded (Python) while the previous one is written (chDB parses
-  with the GIL released, on the store's thread), so the two overlap on two cores;
+- one batch is decoded and encoded for ClickHouse (Python) while the previous
+  one is inserted (chDB parses with the GIL released, on the store's thread), so
+  the two overlap on two cores;
 - offsets are committed only after the write returns and the dead letters are
   acknowledged, in batch order, at most every ``commit_interval_s`` (and on every
   revocation and stop): at-least-once, and the sink's per-partition watermarks
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter
 
 from schemas.codec import encode
@@ -40,9 +41,14 @@ from schemas.commands import DeadLetter
 from schemas.topics import TopicSpec
 from streams.ingest import RawMessage, split
 from streams.rows import Coordinates
-from streams.sink import ClickHouseSink, is_resent
+from streams.sink import ClickHouseSink, Insert, is_resent
 
 log = logging.getLogger(__name__)
+
+
+QUEUE_DEPTH = 2
+"""Batches decoded and encoded ahead of the one being written: enough to keep chDB busy
+while the next is fetched, few enough that a revocation waits for little."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,16 @@ class _Batch:
     refused: dict[str, int]  # per topic: messages refused whole
     generation: int  # the assignment it was fetched under
     fetched_at: datetime
+
+
+@dataclass(slots=True)
+class _Ready:
+    """A batch with its dead letters and its inserts encoded, waiting for its turn."""
+
+    batch: _Batch
+    letters: list[tuple[DeadLetter, Coordinates]]
+    inserts: list[Insert]
+    generation: int
 
 
 class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -98,7 +114,8 @@ class IngestLoop:
         self.errors = errors.labels("ingest")
         self.on_fatal = on_fatal
         self.generation = 0
-        self._in_flight: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=QUEUE_DEPTH)
+        self._writer: asyncio.Task[None] | None = None
         self._uncommitted: dict[TopicPartition, int] = {}  # written, not yet committed
         self._committed_at = time.monotonic()
         self._consumer: AIOKafkaConsumer | None = None
@@ -124,26 +141,42 @@ class IngestLoop:
         self._consumer.subscribe(list(s.topics), listener=_Revocations(self))
         await self._producer.start()
         await self._consumer.start()
+        self._writer = asyncio.create_task(self._write_in_order())
         try:
             while True:
-                batch = await self._fetch()
+                batch = await self._fetch(s.batch_within_s)
                 if batch is None:
                     continue
-                await self._settle()  # one write in flight: commits stay in order
-                self._in_flight = asyncio.create_task(self._write(batch))
+                ready = await self._prepare(batch)  # Python, while chDB parses the last ones
+                put = asyncio.ensure_future(self._queue.put(ready))
+                await asyncio.wait({put, self._writer}, return_when=asyncio.FIRST_COMPLETED)
+                if self._writer.done():  # it failed (on_fatal returned): never go on past it
+                    put.cancel()
+                    self._writer.result()
         finally:
             try:
                 await self._settle()
                 await self._commit()
             finally:
+                self._writer.cancel()
+                await asyncio.gather(self._writer, return_exceptions=True)
                 await self._consumer.stop()
                 await self._producer.stop()
 
-    async def _fetch(self) -> _Batch | None:
+    async def _write_in_order(self) -> None:
+        """Write the prepared batches one after another (their commits stay in order)."""
+        while True:
+            ready = await self._queue.get()
+            try:
+                await self._write(ready)
+            finally:
+                self._queue.task_done()
+
+    async def _fetch(self, within_s: float) -> _Batch | None:
         assert self._consumer is not None
         s = self.settings
         fetched = await self._consumer.getmany(
-            timeout_ms=int(s.batch_within_s * 1000), max_records=s.batch_max
+            timeout_ms=int(within_s * 1000), max_records=s.batch_max
         )
         if not fetched:
             return None
@@ -168,25 +201,41 @@ class IngestLoop:
             batch.refused[tp.topic] = batch.refused.get(tp.topic, 0) + whole
         return batch
 
-    async def _write(self, batch: _Batch) -> None:
-        assert self._consumer is not None and self._producer is not None
+    async def _prepare(self, batch: _Batch, *, in_flight: bool = True) -> _Ready:
+        """Drop what this process no longer owns or ClickHouse already holds; encode the rest.
+        A batch with records an agent sent again waits for the write in flight first
+        (``in_flight``): the copies are looked up in ClickHouse, so what they copy must be
+        there."""
+        assert self._consumer is not None
+        if in_flight and any(at.resent for _, at in batch.records):
+            await self._settle()
+        generation = self.generation
+        if batch.generation != generation:  # fetched before a rebalance
+            owned = self._consumer.assignment()
+            batch.records = [
+                r for r in batch.records if TopicPartition(r[1].topic, r[1].partition) in owned
+            ]
+            batch.offsets = {tp: o for tp, o in batch.offsets.items() if tp in owned}
+        fresh = await self.sink.unseen(batch.records)  # what a replay re-read is dropped
+        letters = [(letter, at) for letter, at in fresh if isinstance(letter, DeadLetter)]
+        inserts = self.sink.prepare(fresh, now=batch.fetched_at)
+        return _Ready(batch, letters, inserts, generation)
+
+    async def _write(self, ready: _Ready) -> None:
+        assert self._producer is not None
+        if ready.generation != self.generation:  # a rebalance since it was encoded: again
+            ready.batch.generation = -1
+            ready = await self._prepare(ready.batch, in_flight=False)  # we are the one
+        batch = ready.batch
         try:
-            if batch.generation != self.generation:  # fetched before a rebalance
-                owned = self._consumer.assignment()
-                batch.records = [
-                    r for r in batch.records if TopicPartition(r[1].topic, r[1].partition) in owned
-                ]
-                batch.offsets = {tp: o for tp, o in batch.offsets.items() if tp in owned}
-            fresh = await self.sink.unseen(batch.records)  # what a replay re-read is dropped
             sends = []
-            for letter, at in fresh:
-                if isinstance(letter, DeadLetter):
-                    key = (letter.source_key or "").encode()
-                    topic = self.settings.dlq_names[at.topic]
-                    sends.append(await self._producer.send(topic, encode(letter), key=key))
-                    self.dead_letters.labels(at.topic, letter.error_kind).inc()
+            for letter, at in ready.letters:
+                key = (letter.source_key or "").encode()
+                topic = self.settings.dlq_names[at.topic]
+                sends.append(await self._producer.send(topic, encode(letter), key=key))
+                self.dead_letters.labels(at.topic, letter.error_kind).inc()
             await asyncio.gather(*sends)  # dead letters are durable before offsets move
-            await self.sink.write_unseen(fresh, now=batch.fetched_at)
+            await self.sink.insert(ready.inserts)
         except Exception as exc:
             self.errors.inc()
             self.on_fatal("ingest", exc)
@@ -210,15 +259,27 @@ class IngestLoop:
             # the partitions moved; the rows are stored, and the next owner's replay of
             # them is dropped by the watermarks
             log.warning("ingest commit refused after a rebalance: %r", exc)
+        except KafkaError as exc:  # the broker is away: the next commit carries these too
+            log.warning("ingest commit failed, kept for the next one: %r", exc)
+            for tp, offset in offsets.items():
+                self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
 
     async def _settle(self) -> None:
-        task, self._in_flight = self._in_flight, None
-        if task is not None:
-            await task
+        """Wait until every prepared batch is written (or the writer failed)."""
+        writer = self._writer
+        if writer is None or writer.done():
+            if writer is not None and not writer.cancelled():
+                writer.result()
+            return
+        drained = asyncio.ensure_future(self._queue.join())
+        await asyncio.wait({drained, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if not drained.done():
+            drained.cancel()
+            writer.result()
 
     async def revoked(self, revoked: list[TopicPartition]) -> None:
-        """Finish and commit the write in flight before the partitions go."""
-        self.generation += 1
-        await self._settle()
+        """Write and commit every prepared batch before the partitions go."""
+        await self._settle()  # still ours until this returns: written and committed
         await self._commit()
+        self.generation += 1  # what was fetched before is filtered to what we own after
         self.sink.marks.forget((tp.topic, tp.partition) for tp in revoked)

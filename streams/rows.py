@@ -58,6 +58,18 @@ class TableLayout:
     coordinate_columns: tuple[str, str, str]
     to_lines: Callable[[Any, Coordinates, bytes], list[bytes]] | None = None
     to_row: Callable[[Any, Coordinates, datetime], list[Any]] | None = None
+    fmt: str = "JSONEachRow"
+    insert_columns: tuple[str, ...] | None = None  # a compact format's order; None: by name
+    lands_in: str = ""  # where its rows land, when ``table`` is a staging table
+
+    @property
+    def rows_table(self) -> str:
+        """The table that holds the rows (and their coordinates, the watermarks' source)."""
+        return self.lands_in or self.table
+
+    def rows(self, value: Any) -> int:
+        """How many rows ``value`` becomes: one, or an envelope's samples."""
+        return len(value.samples) if self.lands_in else 1
 
 
 def instant_json(at: datetime) -> bytes:
@@ -82,13 +94,28 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _tick_lines(value: Any, at: Coordinates, ingested_at_json: bytes) -> list[bytes]:
-    head = {f: getattr(value, f) for f in value.__struct_fields__ if f != "samples"}
-    shared = b"," + _ENCODER.encode(head)[1:-1] + _tail(at, ingested_at_json)
-    encode = _ENCODER.encode
+    """One JSON line per envelope, into its staging table (``011_envelope_staging.sql``):
+    the validated envelope re-encoded (canonical: UTC, no duplicate keys), its coordinates
+    in front. ClickHouse explodes it into one row per sample; per sample that costs Python
+    about 0.3 us here, against 2.0 us for a compact line per sample and 4.0 us for a JSON
+    object per sample (100k accelerator rows, development machine)."""
     return [
-        encode(sample)[:-1] + b',"sample_index":%d' % index + shared
-        for index, sample in enumerate(value.samples)
+        b'{"src_topic":%s,"src_partition":%d,"src_offset":%d,"ingested_at":%s,'
+        % (json.dumps(at.topic).encode(), at.partition, at.offset, ingested_at_json)
+        + _ENCODER.encode(value)[1:]
     ]
+
+
+STAGING: dict[type[Any], str] = {
+    AcceleratorTick: "accelerator_ticks_in",
+    ServingTick: "serving_ticks_in",
+}
+"""Each envelope type's staging table (Null engine; a view writes the rows on)."""
+
+
+def _staging_columns(tick: type[Any]) -> tuple[str, ...]:
+    head = tuple(f for f in tick.__struct_fields__ if f != "samples")
+    return (*head, "samples", *COORDINATES, "ingested_at")
 
 
 SAMPLE_INDEX = "sample_index"
@@ -174,7 +201,11 @@ LAYOUTS: dict[type[Any], TableLayout] = {
 }
 for _tick_type, _row_type in _ROWS_OF.items():  # an envelope's rows are its v1 type's rows
     LAYOUTS[_tick_type] = TableLayout(
-        LAYOUTS[_row_type].table, LAYOUTS[_row_type].columns, COORDINATES, _tick_lines
+        STAGING[_tick_type],
+        _staging_columns(_tick_type),
+        COORDINATES,
+        _tick_lines,
+        lands_in=LAYOUTS[_row_type].table,
     )
 LAYOUTS[DeadLetter] = DEAD_LETTERS
 LAYOUTS[CommandResult] = _event_layout(COMMAND_RESULTS.table, CommandResult)

@@ -71,6 +71,18 @@ def batch_token(table: str, records: Sequence[Record]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """One encoded insert into one table, and the records it holds (for the watermarks)."""
+
+    layout: TableLayout
+    run: Callable[[TableLayout, list[Any], str], None]
+    data: list[Any]  # JSON lines, or rows
+    token: str
+    records: list[Record]
+    rows: int  # rows it lands as (an envelope's line is one row per sample)
+
+
 class SinkMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.rows = Counter(
@@ -127,11 +139,11 @@ class ClickHouseSink:
         pairs = ",".join(f"('{_sql_str(t)}',{p})" for _, t, p in sorted(keys))
         sql = (
             f"SELECT {topic_col}, {part_col}, max({off_col}) FROM "
-            f"{self.store.database}.{layout.table} WHERE ({topic_col}, {part_col}) IN ({pairs}) "
-            f"GROUP BY {topic_col}, {part_col}"
+            f"{self.store.database}.{layout.rows_table} WHERE ({topic_col}, {part_col}) "
+            f"IN ({pairs}) GROUP BY {topic_col}, {part_col}"
         )
         result = await self.store.run(self.store.query, sql)
-        found = {(layout.table, str(t), int(p)): int(o) for t, p, o in result.rows}
+        found = {(layout.rows_table, str(t), int(p)): int(o) for t, p, o in result.rows}
         for key in keys:
             self.marks.marks[key] = found.get(key, -1)
 
@@ -139,10 +151,10 @@ class ClickHouseSink:
         """The records ClickHouse does not hold yet (all of one value type or mixed)."""
         by_layout: dict[str, list[R]] = defaultdict(list)
         layouts: dict[str, TableLayout] = {}
-        for rec in records:
+        for rec in records:  # watermarks are kept where the rows are (past a staging table)
             layout = LAYOUTS[type(rec[0])]
-            layouts[layout.table] = layout
-            by_layout[layout.table].append(rec)
+            layouts[layout.rows_table] = layout
+            by_layout[layout.rows_table].append(rec)
         out: list[R] = []
         for table, recs in by_layout.items():
             keys = {(table, at.topic, at.partition) for _, at in recs}
@@ -196,38 +208,52 @@ class ClickHouseSink:
 
     async def write_unseen(self, fresh: Sequence[Record], *, now: datetime) -> int:
         """Write records that :meth:`unseen` returned; return how many rows were inserted."""
-        by_table: dict[str, list[Record]] = defaultdict(list)
+        return await self.insert(self.prepare(fresh, now=now))
+
+    def prepare(self, fresh: Sequence[Record], *, now: datetime) -> list[Insert]:
+        """The inserts of records that :meth:`unseen` returned, encoded (the Python half of a
+        write: a caller may encode the next batch while :meth:`insert` waits on the last)."""
+        # one insert per table and format: v1 messages and v2 envelopes share a table, in
+        # different formats, and never a topic (a watermark's key), so each insert is whole
+        by_table: dict[tuple[str, str], list[Record]] = defaultdict(list)
         for rec in fresh:
-            by_table[LAYOUTS[type(rec[0])].table].append(rec)
-        written = 0
+            layout = LAYOUTS[type(rec[0])]
+            by_table[(layout.table, layout.fmt)].append(rec)
+        out: list[Insert] = []
         ingested_at = instant_json(now)
-        for table, recs in by_table.items():
-            layout = LAYOUTS[type(recs[0][0])]  # the table's columns (a v1 and a v2 type agree)
-            token = batch_token(table, recs)
+        for (table, fmt), recs in by_table.items():
+            layout = LAYOUTS[type(recs[0][0])]
+            token = batch_token(table, recs) + ("" if fmt == "JSONEachRow" else f".{fmt}")
             if layout.to_lines is not None:
                 lines: list[bytes] = []
-                for value, at in recs:  # v1 messages and v2 envelopes may share a table
+                for value, at in recs:  # commands of three types share a table and a format
                     to_lines = LAYOUTS[type(value)].to_lines
                     assert to_lines is not None
                     lines += to_lines(value, at, ingested_at)
-                await self._insert(layout, self._json_insert, lines, token)
-                rows = len(lines)
+                rows = sum(LAYOUTS[type(value)].rows(value) for value, _ in recs)
+                out.append(Insert(layout, self._json_insert, lines, token, recs, rows))
             else:
                 assert layout.to_row is not None
                 to_row = layout.to_row
-                await self._insert(
-                    layout, self._row_insert, [to_row(value, at, now) for value, at in recs], token
-                )
-                rows = len(recs)
-            self.marks.advance(table, recs)
-            self.metrics.rows.labels(table).inc(rows)
-            written += rows
+                data = [to_row(value, at, now) for value, at in recs]
+                out.append(Insert(layout, self._row_insert, data, token, recs, len(data)))
+        return out
+
+    async def insert(self, inserts: Sequence[Insert]) -> int:
+        """Run :meth:`prepare`'s inserts in order; return how many rows were inserted."""
+        written = 0
+        for one in inserts:
+            await self._insert(one.layout, one.run, one.data, one.token)
+            self.marks.advance(one.layout.rows_table, one.records)
+            self.metrics.rows.labels(one.layout.rows_table).inc(one.rows)
+            written += one.rows
         return written
 
     def _json_insert(self, layout: TableLayout, lines: list[bytes], token: str) -> None:
         self.store.insert_json_lines(
-            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS
-        )
+            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS, fmt=layout.fmt,
+            columns=layout.insert_columns,
+        )  # fmt: skip
 
     def _row_insert(self, layout: TableLayout, rows: list[Any], token: str) -> None:
         self.store.insert(layout.table, rows, layout.columns, token=token)

@@ -104,7 +104,8 @@ def test_nothing_lost_nothing_doubled_through_repeated_sigkills(tmp_path: Path) 
         bootstrap=broker.bootstrap, prefix=PREFIX, home=tmp_path / "worker",
         web_port=free_port(), extra=("--processors", "ingest", "--batch-within-s", "0.3"),
     )  # fmt: skip
-    tables = [s.table for s in TELEMETRY_TOPICS]
+    tables = sorted({s.table for s in TELEMETRY_TOPICS})
+    per_sample = {s.table for s in TELEMETRY_TOPICS if s.envelope}  # rows of envelopes
 
     def rows() -> int:
         union = " + ".join(f"(SELECT count() FROM fleetloop.{t})" for t in tables)
@@ -143,29 +144,38 @@ def test_nothing_lost_nothing_doubled_through_repeated_sigkills(tmp_path: Path) 
         agent.stop()
         until(lambda: agent.spooled() == 0, what="the spool empty", timeout_s=5)
 
-        async def on_broker() -> tuple[int, int]:
+        async def on_broker() -> tuple[int, int, int]:
+            """Records, distinct events (messages) and distinct samples (rows) on the broker."""
             ids: list[str] = []
+            samples: set[tuple[str, int]] = set()
             for spec in TELEMETRY_TOPICS:
                 for value, _ in await read_topic(broker.bootstrap, PREFIX + spec.name):
-                    ids.append(json.loads(value)["event_id"])
-            return len(ids), len(set(ids))
+                    doc = json.loads(value)
+                    ids.append(doc["event_id"])
+                    count = len(doc["samples"]) if spec.envelope else 1
+                    samples |= {(doc["event_id"], i) for i in range(count)}
+            return len(ids), len(set(ids)), len(samples)
 
-        records, distinct = asyncio.run(on_broker())
+        records, messages, distinct = asyncio.run(on_broker())
         until(lambda: rows() >= distinct, what="every event in ClickHouse", timeout_s=120)
         per_table = {
-            t: worker.sql(f"SELECT count(), uniqExact(event_id) FROM fleetloop.{t}")[0]
+            t: worker.sql(
+                f"SELECT count(), uniqExact(event_id{', sample_index' if t in per_sample else ''})"
+                f" FROM fleetloop.{t}"
+            )[0]
             for t in tables
         }
         acknowledged = sum(agent.acknowledged)
         stored = sum(int(c) for c, _ in per_table.values())
         print(
             f"kills {kills}; acknowledged {acknowledged:.0f}; on the broker {records} records, "
-            f"{distinct} distinct; in ClickHouse {stored} rows; per table {per_table}"
+            f"{messages} distinct ({distinct} samples); in ClickHouse {stored} rows; per table "
+            f"{per_table}"
         )
         for table, (count, unique) in per_table.items():
             assert int(count) == int(unique), (table, count, unique)  # nothing doubled
         assert stored == distinct  # every event the broker holds, once
-        assert distinct >= acknowledged > 0  # nothing acknowledged was lost
+        assert messages >= acknowledged > 0  # nothing acknowledged was lost
         assert worker.sql("SELECT count() FROM fleetloop.dead_letters") == [
             [0]
         ]  # and none of it was refused

@@ -5,71 +5,78 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from schemas.codec import encode
-from schemas.topics import ACCELERATOR
-from streams.app import WorkerConfig, create_app
+from schemas.envelopes import AcceleratorTick
+from schemas.topics import ACCELERATOR_TICKS
+from streams.app import IngestMetrics
 from streams.clickhouse_store import ClickHouseStore
 from streams.fatal import EXIT_PROCESSING_FAILED
-from tests.factories import fleet_events
+from streams.ingest import RawMessage, split
+from streams.ingest_loop import IngestLoop, IngestSettings, _Batch
+from streams.rows import Coordinates
+from streams.sink import ClickHouseSink
+from tests.factories import fleet_messages, ingest_now
 
 
-class _OneBatch:
-    def __init__(self, events: list[Any]) -> None:
-        self.events = events
+class _Consumer:
+    """What the ingest loop asks of its consumer when it writes: the owned partitions, and
+    a commit (recorded, so the test sees that none happened)."""
 
-    acked: list[Any]
+    def __init__(self, owned: set[TopicPartition]) -> None:
+        self.owned = owned
+        self.commits: list[dict[TopicPartition, int]] = []
 
-    async def noack_take(self, max_: int, within: float) -> AsyncIterator[list[Any]]:
-        self.acked = []
-        yield self.events
+    def assignment(self) -> set[TopicPartition]:
+        return self.owned
 
-    async def ack(self, event: Any) -> None:
-        self.acked.append(event)
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(offsets)
 
 
-def test_a_failed_batch_calls_on_fatal_with_the_processor(
-    store: ClickHouseStore, tmp_path: Path
-) -> None:
+def test_a_failed_write_calls_on_fatal_and_commits_nothing(store: ClickHouseStore) -> None:
     broken = ClickHouseStore(store.client, database="no_such_database")  # real engine, real error
     fatal: list[tuple[str, BaseException]] = []
     registry = CollectorRegistry()
-    config = WorkerConfig(
-        app_id="t-fatal", bootstrap="127.0.0.1:1", worker_dir=tmp_path, web_port=1
+    metrics = IngestMetrics(registry)
+    sink = ClickHouseSink(broken, registry=registry, max_attempts=1)
+    topic = ACCELERATOR_TICKS.name
+    sink.marks.marks[("accelerator_telemetry", topic, 0)] = -1  # known: no read before the write
+    settings = IngestSettings(
+        bootstrap="127.0.0.1:1", group_id="t-fatal", topics={topic: ACCELERATOR_TICKS},
+        dlq_names={topic: ACCELERATOR_TICKS.dlq_name},
+    )  # fmt: skip
+    loop = IngestLoop(
+        settings, sink, events=metrics.events, dead_letters=metrics.dead_letters,
+        errors=metrics.errors, on_fatal=lambda where, exc: fatal.append((where, exc)),
+    )  # fmt: skip
+    consumer = _Consumer({TopicPartition(topic, 0)})
+    loop._consumer = consumer
+    loop._producer = SimpleNamespace()  # no dead letters to send
+    ticks = [v for s, v in fleet_messages(200) if s is ACCELERATOR_TICKS][:3]
+    raw = [RawMessage(Coordinates(topic, 0, i), b"n", encode(v)) for i, v in enumerate(ticks)]
+    split_up = split(raw, AcceleratorTick, now=ingest_now())
+    batch = _Batch(
+        split_up.valid, {TopicPartition(topic, 0): 3}, {topic: 3}, {topic: 0}, 0, ingest_now()
     )
-    app = create_app(config, broken, registry, on_fatal=lambda p, e: fatal.append((p, e)))
-    values = [v for s, v in fleet_events(50) if s is ACCELERATOR][:3]
-    events = [
-        SimpleNamespace(
-            message=SimpleNamespace(
-                topic=ACCELERATOR.name,
-                partition=0,
-                offset=i,
-                key=b"n",
-                value=encode(v),
-                headers=[],
-            )
-        )
-        for i, v in enumerate(values)
-    ]
-    agent = app.agents["ingest.telemetry.accelerator.v1"]
-    stream = _OneBatch(events)
+
+    async def write() -> None:
+        await loop._write(await loop._prepare(batch))
+
     with pytest.raises(Exception, match=r"(?i)no_such_database|unknown_database"):
-        asyncio.run(agent.fun(stream))
-    assert stream.acked == []  # a failed batch is never acked, so never committed
-    assert [p for p, _ in fatal] == ["ingest.telemetry.accelerator.v1"]
+        asyncio.run(write())
+    assert consumer.commits == [] and loop._uncommitted == {}  # so the offsets never move
+    assert [where for where, _ in fatal] == ["ingest"]
     assert "no_such_database" in str(fatal[0][1]).lower() or "UNKNOWN_DATABASE" in str(fatal[0][1])
-    errors = registry.get_sample_value(
-        "fleetloop_processing_errors_total", {"processor": "ingest.telemetry.accelerator.v1"}
+    assert (
+        registry.get_sample_value("fleetloop_processing_errors_total", {"processor": "ingest"})
+        == 1.0
     )
-    assert errors == 1.0
 
 
 def test_fail_stop_ends_the_process_with_a_failure_code() -> None:
@@ -81,25 +88,38 @@ def test_fail_stop_ends_the_process_with_a_failure_code() -> None:
     assert "ingest.demand" in proc.stderr and "boom" in proc.stderr
 
 
-def test_a_written_batch_is_acked_after_clickhouse_holds_it(
-    store: ClickHouseStore, tmp_path: Path
-) -> None:
-    config = WorkerConfig(app_id="t-ack", bootstrap="127.0.0.1:1", worker_dir=tmp_path, web_port=1)
-    app = create_app(config, store, CollectorRegistry())
-    values = [v for s, v in fleet_events(50) if s is ACCELERATOR][:4]
-    topic = "ack-test." + ACCELERATOR.name
-    events = [
-        SimpleNamespace(
-            message=SimpleNamespace(
-                topic=topic, partition=3, offset=i, key=b"n", value=encode(v), headers=[]
-            )
-        )
-        for i, v in enumerate(values)
-    ]
-    stream = _OneBatch(events)
-    asyncio.run(app.agents["ingest.telemetry.accelerator.v1"].fun(stream))
+def test_a_written_batch_is_committed_once_clickhouse_holds_it(store: ClickHouseStore) -> None:
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry)
+    topic = "commit-test." + ACCELERATOR_TICKS.name
+    settings = IngestSettings(
+        bootstrap="127.0.0.1:1", group_id="t-commit", topics={topic: ACCELERATOR_TICKS},
+        dlq_names={topic: topic + ".dlq"}, commit_interval_s=0.0,
+    )  # fmt: skip
+    loop = IngestLoop(
+        settings, ClickHouseSink(store, registry=registry), events=metrics.events,
+        dead_letters=metrics.dead_letters, errors=metrics.errors, on_fatal=_never,
+    )  # fmt: skip
+    consumer = _Consumer({TopicPartition(topic, 3)})
+    loop._consumer = consumer
+    loop._producer = SimpleNamespace()
+    ticks = [v for s, v in fleet_messages(200) if s is ACCELERATOR_TICKS][:4]
+    raw = [RawMessage(Coordinates(topic, 3, i), b"n", encode(v)) for i, v in enumerate(ticks)]
+    batch = _Batch(
+        split(raw, AcceleratorTick, now=ingest_now()).valid, {TopicPartition(topic, 3): 4},
+        {topic: 4}, {topic: 0}, 0, ingest_now(),
+    )  # fmt: skip
+
+    async def write() -> None:
+        await loop._write(await loop._prepare(batch))
+
+    asyncio.run(write())
     stored = store.query(
         f"SELECT count() FROM {store.database}.accelerator_telemetry WHERE src_topic = '{topic}'"
     ).rows[0][0]
-    assert stored == 4
-    assert stream.acked == events
+    assert stored == sum(len(t.samples) for t in ticks)
+    assert consumer.commits == [{TopicPartition(topic, 3): 4}]
+
+
+def _never(where: str, exc: BaseException) -> None:
+    raise AssertionError(f"{where} failed: {exc!r}")

@@ -164,3 +164,27 @@ def test_devices_held_down_by_power_caps_are_not_judged_slow() -> None:
     verdicts = _feed(det, sim, 120)
     assert any(d.throttle_reasons for d in capped), "the caps must bind for this test to mean much"
     assert not set(_flagged(verdicts)) & {d.uuid for d in capped}
+
+
+def test_partitions_that_move_away_are_released_and_never_judged_silent() -> None:
+    """Another process took one node's partition: its devices leave this detector, and
+    the source that stopped here does not make them look silent (kept, they would be
+    failed once the stall allowance ran out)."""
+    sim = _sim(nodes=8)
+    det = HealthDetector()
+    source = {f"node-{i:05d}": ("t", i) for i in range(8)}
+    verdicts: list[Verdict] = []
+    for n in range(300):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                where = source[ev.node_id]
+                if n >= 60 and where[1] == 7:
+                    continue  # partition 7 is another process's from now on
+                verdicts += det.observe(ev, appended_at=ev.observed_at, source=where)
+        if n == 60:
+            assert det.release(lambda where: where[1] != 7) == 8
+            assert not any(u.startswith("node-00007") for u in det.devices)
+        verdicts += det.tick(sim.now, wall_s=float(n))
+    bad = [v.device_uuid for v in verdicts if v.status in (HealthStatus.DYING, HealthStatus.FAILED)]
+    assert bad == []
+    assert len(det.devices) == 7 * 8

@@ -1,0 +1,208 @@
+"""The design point: 100,000 devices sampled every second, on how many cores?
+
+Pre-produces a proportional slice of the fleet (``--nodes`` nodes of 8 devices for
+``--seconds`` seconds of its life, as agents publish it: node-tick envelopes), then
+runs each role as production runs it (``fleetloop worker --processors ROLE``, its own
+process) at full speed over the slice, and measures the CPU seconds the process spent
+from its first consumed message to its last (every thread: chDB's too). Per role it
+prints the input samples per CPU second, the cores the role needs at the design point
+(its share of the design point's samples per second over that rate), and the total.
+Beside them, the broker's own ceiling on the same machine: Kafka's producer and
+consumer performance tools (from the same jars) on records of the envelopes' size.
+
+    python -m bench.design_point --nodes 500 --seconds 60
+
+Scaling is honest only if the per-sample costs do not grow with the fleet: they do
+not for ingest (per row) and the planners (per pool and rack), and for health the
+detector's state is per device (a dict lookup) and its cohort models per cohort.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agents.envelopes import pack
+from agents.simulated import SimulatedFleetAgent
+from bench.broker import bench_broker
+from fleetloop.kafka_broker import free_port
+from fleetloop.settings import REPO_ROOT, BrokerSettings
+from fleetloop.topics_admin import ensure_topics
+from schemas.codec import encode
+from schemas.topics import (
+    ACCELERATOR_TICKS,
+    DEMAND,
+    NODE_HEALTH,
+    PDU,
+    SERVING_TICKS,
+    TELEMETRY_TOPICS,
+    TopicSpec,
+)
+from streams.app import ingest_group
+from streams.lag import fetch_lag
+
+DESIGN_DEVICES = 100_000
+DEVICES_PER_NODE = 8
+ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
+    "ingest": (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND),
+    "health": (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS),
+    "demand": (DEMAND, SERVING_TICKS),
+    "control": (SERVING_TICKS, PDU, ACCELERATOR_TICKS),
+}
+"""What each role reads (v2 envelopes where agents publish them)."""
+
+
+def _samples(value: Any) -> int:
+    samples = getattr(value, "samples", None)
+    return len(samples) if samples is not None and hasattr(value, "node_id") else 1
+
+
+async def _produce(bootstrap: str, prefix: str, records: list[tuple[TopicSpec, Any]]) -> None:
+    from agents.publisher import KafkaPublisher
+
+    async with KafkaPublisher(bootstrap, topic_prefix=prefix, linger_ms=20) as publisher:
+        for i, (spec, value) in enumerate(records):
+            await publisher.publish(spec, value)
+            if i % 20_000 == 19_999:
+                await publisher.flush()
+        await publisher.flush()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_role(
+    role: str, bootstrap: str, prefix: str, home: Path, inputs: dict[str, int]
+) -> tuple[float, float]:
+    """Input samples per CPU second, and per wall second, of one role's worker process."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.integration.worker_proc import WorkerProcess
+
+    app_id = f"{prefix}{role}-{uuid.uuid4().hex[:4]}"
+    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=free_port())
+    worker.args[worker.args.index("--app-id") + 1] = app_id
+    worker.args += ["--processors", role, "--loglevel", "warning"]
+    group = ingest_group(app_id) if role == "ingest" else app_id
+    topics = [prefix + spec.name for spec in ROLE_INPUTS[role]]
+    total = sum(inputs[spec.name] for spec in ROLE_INPUTS[role])
+    messages = sum(inputs[f"{spec.name}#messages"] for spec in ROLE_INPUTS[role])
+    worker.start()
+    try:
+        assert worker.proc is not None
+        pid = worker.proc.pid
+        started: tuple[float, float] | None = None
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            lag = sum(asyncio.run(fetch_lag(bootstrap, group, topics)).values())
+            now = (time.monotonic(), _cpu_s(pid))
+            if started is None and lag < messages:
+                started = now  # its first commit: consuming
+            if started is not None and lag == 0:
+                wall, cpu = now[0] - started[0], now[1] - started[1]
+                return total / max(cpu, 1e-9), total / max(wall, 1e-9)
+            time.sleep(0.25)
+        raise RuntimeError(f"{role} did not finish: {worker.log_tail()}")
+    finally:
+        worker.stop()
+
+
+def _broker_ceiling(bootstrap: str, record_bytes: int, records: int) -> tuple[float, float]:
+    """Records per second of Kafka's own producer and consumer performance tools."""
+    libs = BrokerSettings().jar_dir
+    classpath = f"{next(libs.glob('*/libs'))}/*"
+    topic = f"perf-{uuid.uuid4().hex[:6]}"
+    base = ["java", "-Xmx512m", "-cp", classpath]
+    produced = subprocess.run(
+        [*base, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+         "--num-records", str(records), "--record-size", str(record_bytes), "--throughput",
+         "-1", "--producer-props", f"bootstrap.servers={bootstrap}", "acks=all",
+         "linger.ms=20", "batch.size=1048576"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    consumed = subprocess.run(
+        [*base, "org.apache.kafka.tools.ConsumerPerformance", "--topic", topic,
+         "--messages", str(records), "--bootstrap-server", bootstrap, "--timeout", "60000"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    produce_rate = float(re.findall(r"([\d.]+) records/sec", produced.stdout)[-1])
+    row = consumed.stdout.strip().splitlines()[-1].split(",")
+    return produce_rate, float(row[5])  # nMsg.sec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--roles", default="ingest,health,demand,control")
+    args = parser.parse_args()
+    devices = args.nodes * DEVICES_PER_NODE
+    scale = DESIGN_DEVICES / devices
+    agent = SimulatedFleetAgent(
+        nodes=args.nodes, devices_per_node=DEVICES_PER_NODE, seed=17, start=datetime.now(UTC)
+    )
+    records: list[tuple[TopicSpec, Any]] = []
+    for tick in range(args.seconds):
+        records += pack(agent.tick(tick))
+    inputs: Counter[str] = Counter()
+    sizes: list[int] = []
+    for spec, value in records:
+        inputs[spec.name] += _samples(value)
+        inputs[f"{spec.name}#messages"] += 1
+        if spec.envelope:
+            sizes.append(len(encode(value)))
+    print(
+        f"slice: {args.nodes} nodes, {devices} devices, {args.seconds} s, {len(records)} "
+        f"messages; design point: {DESIGN_DEVICES} devices at 1 s ({scale:.0f}x the slice)"
+    )
+    for spec in TELEMETRY_TOPICS:
+        if inputs[spec.name]:
+            per_s = inputs[spec.name] * scale / args.seconds
+            print(f"  {spec.name:28} {inputs[spec.name]:>9} samples; at design {per_s:>10,.0f}/s")
+    with tempfile.TemporaryDirectory(prefix="fleetloop-design-") as tmp:
+        home = Path(tmp)
+        with bench_broker(home) as bootstrap:
+            prefix = f"dp-{uuid.uuid4().hex[:6]}."
+            asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
+            asyncio.run(_produce(bootstrap, prefix, records))
+            total_cores = 0.0
+            print(
+                f"{'role':8} {'samples/CPU-s':>14} {'samples/s':>12} {'design/s':>12} {'cores':>6}"
+            )
+            for role in args.roles.split(","):
+                per_cpu, per_wall = _run_role(role, bootstrap, prefix, home / role, inputs)
+                design = sum(inputs[s.name] for s in ROLE_INPUTS[role]) * scale / args.seconds
+                cores = design / per_cpu
+                total_cores += cores
+                print(
+                    f"{role:8} {per_cpu:>14,.0f} {per_wall:>12,.0f} {design:>12,.0f} {cores:>6.1f}"
+                )
+            print(f"total cores at the design point (goal <= 16): {total_cores:.1f}")
+            record_bytes = sum(sizes) // max(1, len(sizes))
+            try:
+                produce, consume = _broker_ceiling(bootstrap, record_bytes, 200_000)
+                per_message = sum(map(_samples, (v for s, v in records if s.envelope))) / len(sizes)
+                print(
+                    f"broker ceiling, {record_bytes} B records (an envelope): produce "
+                    f"{produce:,.0f}/s, consume {consume:,.0f}/s = "
+                    f"{consume * per_message:,.0f} samples/s at {per_message:.1f} per message"
+                )
+            except (subprocess.CalledProcessError, StopIteration, IndexError) as exc:
+                print(f"broker ceiling not measured: {exc!r}")
+
+
+if __name__ == "__main__":
+    main()
