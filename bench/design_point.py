@@ -36,6 +36,7 @@ from typing import Any
 from agents.envelopes import pack
 from agents.simulated import SimulatedFleetAgent
 from bench.broker import bench_broker
+from bench.ingest_throughput import produce
 from fleetloop.kafka_broker import free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics
@@ -66,17 +67,6 @@ ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
 def _samples(value: Any) -> int:
     samples = getattr(value, "samples", None)
     return len(samples) if samples is not None and hasattr(value, "node_id") else 1
-
-
-async def _produce(bootstrap: str, prefix: str, records: list[tuple[TopicSpec, Any]]) -> None:
-    from agents.publisher import KafkaPublisher
-
-    async with KafkaPublisher(bootstrap, topic_prefix=prefix, linger_ms=20) as publisher:
-        for i, (spec, value) in enumerate(records):
-            await publisher.publish(spec, value)
-            if i % 20_000 == 19_999:
-                await publisher.flush()
-        await publisher.flush()
 
 
 def _cpu_s(pid: int) -> float:
@@ -177,7 +167,7 @@ def main() -> None:
         with bench_broker(home) as bootstrap:
             prefix = f"dp-{uuid.uuid4().hex[:6]}."
             asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
-            asyncio.run(_produce(bootstrap, prefix, records))
+            asyncio.run(produce(bootstrap, prefix, records))
             total_cores = 0.0
             print(
                 f"{'role':8} {'samples/CPU-s':>14} {'samples/s':>12} {'design/s':>12} {'cores':>6}"
@@ -193,12 +183,12 @@ def main() -> None:
             print(f"total cores at the design point (goal <= 16): {total_cores:.1f}")
             record_bytes = sum(sizes) // max(1, len(sizes))
             try:
-                produce, consume = _broker_ceiling(bootstrap, record_bytes, 200_000)
+                producer_rate, consumer_rate = _broker_ceiling(bootstrap, record_bytes, 200_000)
                 per_message = sum(map(_samples, (v for s, v in records if s.envelope))) / len(sizes)
                 print(
                     f"broker ceiling, {record_bytes} B records (an envelope): produce "
-                    f"{produce:,.0f}/s, consume {consume:,.0f}/s = "
-                    f"{consume * per_message:,.0f} samples/s at {per_message:.1f} per message"
+                    f"{producer_rate:,.0f}/s, consume {consumer_rate:,.0f}/s = "
+                    f"{consumer_rate * per_message:,.0f} samples/s at {per_message:.1f} per message"
                 )
             except (subprocess.CalledProcessError, StopIteration, IndexError) as exc:
                 print(f"broker ceiling not measured: {exc!r}")

@@ -65,7 +65,7 @@ def _rows(value: Any) -> int:
     return len(value.samples) if hasattr(value, "samples") and hasattr(value, "node_id") else 1
 
 
-async def _produce(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Any]]) -> float:
+async def produce(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Any]]) -> float:
     started = time.perf_counter()
     async with KafkaPublisher(bootstrap, topic_prefix=prefix, linger_ms=20) as publisher:
         for i, (spec, value) in enumerate(messages):
@@ -221,7 +221,7 @@ def main() -> None:
             asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=INGESTED_TOPICS))
             messages = _messages(args.samples)
             rows = sum(_rows(v) for _, v in messages)
-            produce_rate = asyncio.run(_produce(bootstrap, prefix, messages))
+            produce_rate = asyncio.run(produce(bootstrap, prefix, messages))
             mix = Counter(spec.name for spec, _ in messages)
             print(f"pre-produced {len(messages)} messages, {rows} samples ({dict(mix)}) "
                   f"at {produce_rate:,.0f} messages/s")  # fmt: skip

@@ -182,7 +182,7 @@ def test_partitions_that_move_away_are_released_and_never_judged_silent() -> Non
                     continue  # partition 7 is another process's from now on
                 verdicts += det.observe(ev, appended_at=ev.observed_at, source=where)
         if n == 60:
-            assert det.release(lambda where: where[1] != 7) == 8
+            assert det.release(lambda where: where != ("t", 7)) == 8
             assert not any(u.startswith("node-00007") for u in det.devices)
         verdicts += det.tick(sim.now, wall_s=float(n))
     bad = [v.device_uuid for v in verdicts if v.status in (HealthStatus.DYING, HealthStatus.FAILED)]
