@@ -71,6 +71,7 @@ from models.health_state import (
     DeviceState,
     EwRegression,
     HealthConfig,
+    Reading,
     counted,
     describe,
     finite,
@@ -80,7 +81,7 @@ from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
 from schemas.envelopes import AcceleratorSample, AnyAcceleratorSample, AnyServingSample
 from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind
-from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Signal, Verdict
+from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Verdict
 
 LOST, QUIET = SILENCE_SIGNALS
 
@@ -418,49 +419,52 @@ class HealthDetector:
 
     # -- judgement ------------------------------------------------------------------------
 
-    def signals(self, device: DeviceState, at_s: float) -> tuple[list[Signal], list[Signal]]:
-        """(hard signals firing, soft signals evaluated), each as value against threshold."""
+    def signals(self, device: DeviceState, at_s: float) -> tuple[list[Reading], list[Reading]]:
+        """(hard signals firing, soft signals evaluated), each as value against threshold:
+        plain readings, made into verdict signals only when a verdict is emitted."""
         c = self.config
-        hard: list[Signal] = []
+        hard: list[Reading] = []
         if device.dbe > 0:
-            hard.append(Signal(name="ecc_dbe", value=device.dbe, threshold=1))
+            hard.append(Reading(name="ecc_dbe", value=device.dbe, threshold=1))
         if device.fatal_xid and at_s - device.fatal_at_s <= c.fatal_latch_s:
-            hard.append(Signal(name=f"xid_{device.fatal_xid}", value=device.fatal_xid, threshold=0))
+            hard.append(
+                Reading(name=f"xid_{device.fatal_xid}", value=device.fatal_xid, threshold=0)
+            )
         if device.probe_failed:
-            hard.append(Signal(name="probe_failed", value=1, threshold=1))
+            hard.append(Reading(name="probe_failed", value=1, threshold=1))
         if hard:  # evidence of the device's own: one sample says it, two confirm it
             seen = max(device.hard_seen, device.probe_fails)
-            hard.append(Signal(name=HARD_CONFIRMED, value=seen, threshold=2))
+            hard.append(Reading(name=HARD_CONFIRMED, value=seen, threshold=2))
         # silence, judged on broker time, follows; it is never confirmed evidence
         if device.node_id in self.lost_nodes:
             age = max(0.0, at_s - self.nodes.get(device.node_id, at_s))
-            hard.append(Signal(name=LOST, value=age, threshold=c.heartbeat_timeout_s))
+            hard.append(Reading(name=LOST, value=age, threshold=c.heartbeat_timeout_s))
         elif (
             gap := self.watermarks.get(device.source, device.live_s) - device.live_s
         ) > c.heartbeat_timeout_s:
             # its partition-mates report on, it does not: a device off the bus
-            hard.append(Signal(name=QUIET, value=gap, threshold=c.heartbeat_timeout_s))
-        soft: list[Signal] = []
+            hard.append(Reading(name=QUIET, value=gap, threshold=c.heartbeat_timeout_s))
+        soft: list[Reading] = []
         ecc_value = float(device.ecc_streak)
         if device.ecc_rate_per_s >= c.ecc_dying_per_s:
             ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
-        soft.append(Signal(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
+        soft.append(Reading(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
         thermal = device.temp_resid
         threshold = self._thermal_threshold(device)
         if device.thermal_hot:
             thermal = max(thermal, threshold)
-        soft.append(Signal(name="thermal_resid_celsius", value=thermal, threshold=threshold))
+        soft.append(Reading(name="thermal_resid_celsius", value=thermal, threshold=threshold))
         if at_s - device.tpot_seen_s <= c.tpot_stale_s and device.tpot_n > c.warmup_samples:
             soft.append(
-                Signal(
+                Reading(
                     name="tpot_vs_peers_log",
                     value=self._tpot_excess(device),
                     threshold=self._tpot_threshold(device),
                 )
             )
-        soft.append(Signal(name="probe_slow", value=device.probe_slow, threshold=2))
+        soft.append(Reading(name="probe_slow", value=device.probe_slow, threshold=2))
         soft.append(
-            Signal(name="xid_flaps", value=len(device.xid_times), threshold=c.xid_flap_count)
+            Reading(name="xid_flaps", value=len(device.xid_times), threshold=c.xid_flap_count)
         )
         return hard, soft
 
@@ -475,9 +479,10 @@ class HealthDetector:
         c = self.config
         device.xid_times = [x for x in device.xid_times if at_s - x <= c.xid_flap_window_s]
         hard, soft = self.signals(device, at_s)
-        over = [s for s in soft if over_threshold(s)]
+        over = []
         for s in soft:
-            if s in over:
+            if over_threshold(s):
+                over.append(s)
                 device.since.setdefault(s.name, at_s)
             else:
                 device.since.pop(s.name, None)
@@ -497,16 +502,17 @@ class HealthDetector:
         elif over:
             status, score = HealthStatus.SUSPECT, 0.5
         else:
-            status = HealthStatus.HEALTHY
-            score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
-        score = min(max(score, 0.0), 1.0)
+            status, score = HealthStatus.HEALTHY, 0.0
         confirmed = status is HealthStatus.FAILED and max(device.hard_seen, device.probe_fails) >= 2
         if (
             status is device.status
             and confirmed is device.confirmed_emitted
             and at_s - device.emitted_s < c.verdict_interval_s
         ):
-            return []
+            return []  # most samples end here: what follows is for a verdict that goes out
+        if status is HealthStatus.HEALTHY:
+            score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
+        score = min(max(score, 0.0), 1.0)
         previous, device.status, device.emitted_s = device.status, status, at_s
         device.confirmed_emitted = confirmed
         shown = (hard + over) or soft

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from schemas.base import AcceleratorType
 from schemas.commands import MAX_CLOCK_SKEW_S
@@ -126,13 +127,23 @@ def counted(name: str) -> bool:
     return name in ("ecc_sbe_rise", "probe_slow", "xid_flaps")
 
 
-def over_threshold(signal: Signal) -> bool:
+class Reading(NamedTuple):
+    """A signal as the detector weighs it on every sample: a tuple, not a contract (a
+    verdict's :class:`~schemas.verdicts.Signal` is made from it, through :func:`finite`,
+    only when a verdict goes out)."""
+
+    name: str
+    value: float
+    threshold: float
+
+
+def over_threshold(signal: Reading | Signal) -> bool:
     if counted(signal.name):
         return signal.value >= 1
     return signal.threshold > 0 and signal.value >= signal.threshold
 
 
-def finite(signal: Signal) -> Signal:
+def finite(signal: Reading | Signal) -> Signal:
     if math.isfinite(signal.value) and math.isfinite(signal.threshold):
         return Signal(
             name=signal.name, value=round(signal.value, 4), threshold=round(signal.threshold, 4)
@@ -140,6 +151,6 @@ def finite(signal: Signal) -> Signal:
     return Signal(name=signal.name, value=0.0, threshold=0.0)
 
 
-def describe(signal: Signal, for_s: float) -> str:
+def describe(signal: Reading | Signal, for_s: float) -> str:
     held = f" for {for_s:.0f}s" if for_s >= 1 else ""
     return f"{signal.name} {signal.value:.3g} (threshold {signal.threshold:.3g}){held}"

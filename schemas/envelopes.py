@@ -242,7 +242,9 @@ class ServingSample(Struct, frozen=True):
 
 _DEVICE_FIELDS = DeviceSample.__struct_fields__
 _REPLICA_FIELDS = ReplicaSample.__struct_fields__
-_VIEW_ORDER = ServingSample.__struct_fields__[4:-1]  # a replica's fields, in the view's order
+# the views take a sample's fields positionally: they list them in the same order
+assert AcceleratorSample.__struct_fields__[7:-1] == _DEVICE_FIELDS
+assert ServingSample.__struct_fields__[4:-1] == _REPLICA_FIELDS
 
 
 def accelerator_samples(tick: AcceleratorTick) -> list[AcceleratorSample]:
@@ -259,7 +261,7 @@ def serving_samples(tick: ServingTick) -> list[ServingSample]:
     """Each replica's metrics of ``tick`` as a flat view."""
     head = (tick.event_id, tick.observed_at, tick.node_id, tick.region)
     return [
-        ServingSample(*head, *(getattr(s, f) for f in _VIEW_ORDER), i)  # type: ignore[call-arg]
+        ServingSample(*head, *astuple(s), i)  # type: ignore[call-arg]
         for i, s in enumerate(tick.samples)
     ]
 

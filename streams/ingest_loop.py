@@ -145,7 +145,9 @@ class IngestLoop:
         try:
             while True:
                 batch = await self._fetch(s.batch_within_s)
-                if batch is None:
+                if batch is None:  # idle: what is written is committed, not left for later
+                    if self._uncommitted and self._queue.empty():
+                        await self._commit()
                     continue
                 ready = await self._prepare(batch)  # Python, while chDB parses the last ones
                 put = asyncio.ensure_future(self._queue.put(ready))
