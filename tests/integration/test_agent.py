@@ -79,12 +79,14 @@ def test_agent_command_publishes_what_it_reports(kafka_bootstrap: str, topic_pre
     match = re.search(r"published (\d+) events", out.stdout)
     assert match, out.stdout
     sent = int(match.group(1))
-    # devices, heartbeats, replicas (2 of 4 devices loaded), PDUs, demand (3 models, 1 region)
-    per_tick = 6 * 4 + 6 + 6 * 2 + 2 + 3
+    # per node one envelope of its 4 devices, a heartbeat and one envelope of its replicas
+    # (2 of 4 devices loaded); then PDUs, demand (3 models, 1 region)
+    per_tick = 6 + 6 + 6 + 2 + 3
     assert sent == 3 * per_tick
     seen = asyncio.run(_consume_all(kafka_bootstrap, topic_prefix, sent))
     assert sum(seen.values()) == sent
-    assert seen["telemetry.accelerator.v1"] == 3 * 24
+    assert seen["telemetry.accelerator.v2"] == 3 * 6
+    assert seen.get("telemetry.accelerator.v1", 0) == 0  # agents publish v2 only
 
 
 def test_publisher_metrics_count_acknowledged_events_over_http(

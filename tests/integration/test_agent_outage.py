@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
+from agents.envelopes import pack
 from agents.publisher import KafkaPublisher
 from agents.runner import run_agent
 from agents.simulated import SimulatedFleetAgent
@@ -62,7 +63,7 @@ def test_ticks_sent_while_the_broker_is_down_arrive_after_it_returns(tmp_path: P
         prefix = "outage."
         asyncio.run(ensure_topics(broker.bootstrap, prefix=prefix, specs=TELEMETRY_TOPICS))
         agent = SimulatedFleetAgent(nodes=3, devices_per_node=2, seed=9, start=START)
-        per_tick = len(agent.tick(0))
+        per_tick = len(pack(agent.tick(0)))  # messages: a node's samples travel as one
         agent = SimulatedFleetAgent(nodes=3, devices_per_node=2, seed=9, start=START)
         spool = DiskSpool(tmp_path / "spool", max_bytes=10 * 1024**2)
         registry = CollectorRegistry()

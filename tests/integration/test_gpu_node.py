@@ -8,6 +8,7 @@ import json
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
@@ -19,7 +20,7 @@ from fleetloop.settings import NodeSettings
 from fleetloop.topics_admin import ensure_topics
 from schemas.codec import encode
 from schemas.commands import Target, ThrottleAction, ThrottleCommand
-from schemas.topics import ACCELERATOR, COMMAND_RESULTS, NODE_HEALTH, THROTTLE_COMMANDS
+from schemas.topics import ACCELERATOR_TICKS, COMMAND_RESULTS, NODE_HEALTH, THROTTLE_COMMANDS
 from tests.factories import COMMAND_KEYS_SETTING, signed_command
 from tests.fake_nvml import FakeGpu, FakeNvml
 
@@ -99,15 +100,18 @@ def test_node_agent_publishes_nvml_samples_and_applies_its_own_power_caps(
         assert 'status="applied"' in text and 'executor="node-executor"' in text
 
     asyncio.run(scenario())
-    names = [topic_prefix + t.name for t in (ACCELERATOR, NODE_HEALTH, COMMAND_RESULTS)]
+    names = [topic_prefix + t.name for t in (ACCELERATOR_TICKS, NODE_HEALTH, COMMAND_RESULTS)]
     seen = asyncio.run(_read_all(kafka_bootstrap, names))
     results = [v for t, v in seen if t.endswith(COMMAND_RESULTS.name)]
     assert [(r["command_id"], r["status"]) for r in results] == [(str(mine.command_id), "applied")]
     assert nvml.gpus[0].limit_mw == 450_000 and nvml.gpus[1].limit_mw == 700_000
+    ticks = [v for t, v in seen if t.endswith(ACCELERATOR_TICKS.name)]  # one per tick, v2
+    assert len(ticks) == 40 and all(tick["node_id"] == "node-7" for tick in ticks)
     limits = [
-        v["power_limit_watts"]
-        for t, v in seen
-        if t.endswith(ACCELERATOR.name) and v["device_uuid"] == "GPU-aaaa"
+        sample["power_limit_watts"]
+        for tick in ticks
+        for sample in cast(list[dict[str, Any]], tick["samples"])
+        if sample["device_uuid"] == "GPU-aaaa"
     ]
     assert len(limits) == 40 and limits[0] == 700.0 and limits[-1] == 450.0
     beats = [v for t, v in seen if t.endswith(NODE_HEALTH.name)]
