@@ -18,6 +18,8 @@ from typing import Any
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from schemas.export import json_schema
+
 Json = Any
 
 _offsets = st.integers(min_value=-23 * 60 - 59, max_value=23 * 60 + 59).map(
@@ -166,7 +168,7 @@ def documents(
     """JSON objects shaped like ``model`` (or like one of ``seeds``, valid instances such as
     signed commands, which a schema alone cannot make): a quarter as they are, the rest
     mutated."""
-    schema = model.model_json_schema()
+    _, schema = json_schema(model)  # a v1 contract's or a v2 envelope's
     base = from_schema(schema, schema.get("$defs", {}))
     mutated = [base, _mutated(base), _mutated(base), _mutated(base)]
     if seeds:
