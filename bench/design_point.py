@@ -55,6 +55,7 @@ from schemas.topics import (
 )
 from streams.app import ingest_group
 from streams.lag import fetch_lag
+from streams.rows import LAYOUTS
 
 DESIGN_DEVICES = 100_000
 DEVICES_PER_NODE = 8
@@ -65,11 +66,6 @@ ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
     "control": (SERVING_TICKS, PDU, ACCELERATOR_TICKS),
 }
 """What each role reads (v2 envelopes where agents publish them)."""
-
-
-def _samples(value: Any) -> int:
-    samples = getattr(value, "samples", None)
-    return len(samples) if samples is not None and hasattr(value, "node_id") else 1
 
 
 def _cpu_s(pid: int) -> float:
@@ -158,7 +154,7 @@ def main() -> None:
     inputs: Counter[str] = Counter()
     sizes: list[int] = []
     for spec, value in records:
-        inputs[spec.name] += _samples(value)
+        inputs[spec.name] += LAYOUTS[type(value)].rows(value)
         inputs[f"{spec.name}#messages"] += 1
         if spec.envelope:
             sizes.append(len(encode(value)))
@@ -192,7 +188,8 @@ def main() -> None:
             record_bytes = sum(sizes) // max(1, len(sizes))
             try:
                 producer_rate, consumer_rate = _broker_ceiling(bootstrap, record_bytes, 50_000)
-                per_message = sum(map(_samples, (v for s, v in records if s.envelope))) / len(sizes)
+                enveloped = sum(LAYOUTS[type(v)].rows(v) for s, v in records if s.envelope)
+                per_message = enveloped / len(sizes)
                 print(
                     f"broker ceiling, {record_bytes} B records (an envelope): produce "
                     f"{producer_rate:,.0f}/s, consume {consumer_rate:,.0f}/s = "

@@ -47,6 +47,7 @@ from schemas.codec import DecodeError, decode_samples, decode_tick
 from schemas.topics import INGESTED_TOPICS, TELEMETRY_TOPICS, TopicSpec
 from streams.clickhouse_store import open_store
 from streams.ingest_loop import IngestLoop, IngestSettings
+from streams.rows import LAYOUTS
 from streams.sink import ClickHouseSink
 
 
@@ -59,10 +60,6 @@ def _messages(samples: int) -> list[tuple[TopicSpec, Any]]:
         events += agent.tick(n)
         n += 1
     return pack(events)
-
-
-def _rows(value: Any) -> int:
-    return len(value.samples) if hasattr(value, "samples") and hasattr(value, "node_id") else 1
 
 
 async def produce(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, Any]]) -> float:
@@ -220,7 +217,7 @@ def main() -> None:
             prefix = f"bench-{uuid.uuid4().hex[:8]}."
             asyncio.run(ensure_topics(bootstrap, prefix=prefix, specs=INGESTED_TOPICS))
             messages = _messages(args.samples)
-            rows = sum(_rows(v) for _, v in messages)
+            rows = sum(LAYOUTS[type(v)].rows(v) for _, v in messages)
             produce_rate = asyncio.run(produce(bootstrap, prefix, messages))
             mix = Counter(spec.name for spec, _ in messages)
             print(f"pre-produced {len(messages)} messages, {rows} samples ({dict(mix)}) "

@@ -184,16 +184,13 @@ class ClickHouseStore:
         *,
         token: str,
         settings: dict[str, Any],
-        fmt: str = "JSONEachRow",
-        columns: Sequence[str] | None = None,
     ) -> None:
-        """Insert JSON lines (objects, or arrays in ``columns`` order for a compact ``fmt``);
-        retrying with the same ``token`` adds nothing."""
+        """Insert JSONEachRow lines; retrying with the same ``token`` adds nothing."""
         body = b"\n".join(lines)
         merged = {**settings, **INSERT_SETTINGS, "insert_deduplication_token": token}
         with self._lock:
             self.client.raw_insert(
-                f"{self.database}.{table}", columns, body, settings=merged, fmt=fmt
+                f"{self.database}.{table}", None, body, settings=merged, fmt="JSONEachRow"
             )
 
     # -- async wrappers ------------------------------------------------------

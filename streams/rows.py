@@ -58,8 +58,6 @@ class TableLayout:
     coordinate_columns: tuple[str, str, str]
     to_lines: Callable[[Any, Coordinates, bytes], list[bytes]] | None = None
     to_row: Callable[[Any, Coordinates, datetime], list[Any]] | None = None
-    fmt: str = "JSONEachRow"
-    insert_columns: tuple[str, ...] | None = None  # a compact format's order; None: by name
     lands_in: str = ""  # where its rows land, when ``table`` is a staging table
 
     @property

@@ -213,17 +213,15 @@ class ClickHouseSink:
     def prepare(self, fresh: Sequence[Record], *, now: datetime) -> list[Insert]:
         """The inserts of records that :meth:`unseen` returned, encoded (the Python half of a
         write: a caller may encode the next batch while :meth:`insert` waits on the last)."""
-        # one insert per table and format: v1 messages and v2 envelopes share a table, in
-        # different formats, and never a topic (a watermark's key), so each insert is whole
-        by_table: dict[tuple[str, str], list[Record]] = defaultdict(list)
+        # one insert per table (v2 envelopes go to their staging table, v1 to the rows')
+        by_table: dict[str, list[Record]] = defaultdict(list)
         for rec in fresh:
-            layout = LAYOUTS[type(rec[0])]
-            by_table[(layout.table, layout.fmt)].append(rec)
+            by_table[LAYOUTS[type(rec[0])].table].append(rec)
         out: list[Insert] = []
         ingested_at = instant_json(now)
-        for (table, fmt), recs in by_table.items():
+        for table, recs in by_table.items():
             layout = LAYOUTS[type(recs[0][0])]
-            token = batch_token(table, recs) + ("" if fmt == "JSONEachRow" else f".{fmt}")
+            token = batch_token(table, recs)
             if layout.to_lines is not None:
                 lines: list[bytes] = []
                 for value, at in recs:  # commands of three types share a table and a format
@@ -251,9 +249,8 @@ class ClickHouseSink:
 
     def _json_insert(self, layout: TableLayout, lines: list[bytes], token: str) -> None:
         self.store.insert_json_lines(
-            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS, fmt=layout.fmt,
-            columns=layout.insert_columns,
-        )  # fmt: skip
+            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS
+        )
 
     def _row_insert(self, layout: TableLayout, rows: list[Any], token: str) -> None:
         self.store.insert(layout.table, rows, layout.columns, token=token)
