@@ -146,7 +146,7 @@ def _mutated(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Json]]) -> dict[
     doc = dict(draw(base))
     keys = sorted(doc)
     picks = draw(st.integers(1, 3)) if keys else 0
-    for key in {keys[draw(st.integers(0, len(keys) - 1))] for _ in range(picks)}:
+    for key in sorted({keys[draw(st.integers(0, len(keys) - 1))] for _ in range(picks)}):
         how = draw(st.sampled_from(["replace", "drop", "nest"]))
         if how == "replace":
             doc[key] = draw(hostile_values)

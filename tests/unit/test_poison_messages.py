@@ -64,9 +64,12 @@ def test_every_ingested_message_is_accepted_or_dead_lettered(
     seen = {"valid": 0, "dead": 0}
     accepted: list[tuple[Contract, Coordinates]] = []
     topic = f"fuzz.{spec.name}"
+    # a command's cross-field rules (lifetime bounds, target shape) are rarely met by chance:
+    # start some documents from valid ones, so both outcomes are reached on any hash seed
+    seeds = [c for c in _signed_commands(START) if isinstance(c, spec.value_type)]
 
     @FUZZ
-    @given(raw=messages(spec.value_type))
+    @given(raw=messages(spec.value_type, seeds))
     def one(raw: bytes) -> None:
         at = Coordinates(topic, 0, seen["valid"] + seen["dead"])
         out = split([RawMessage(at, b"k", raw)], spec.value_type, now=START)
