@@ -53,12 +53,18 @@ from schemas.topics import (
     TopicKind,
     TopicSpec,
 )
-from streams.app import ingest_group
 from streams.lag import fetch_lag
 from streams.rows import LAYOUTS
 
 DESIGN_DEVICES = 100_000
 DEVICES_PER_NODE = 8
+ROLE_GROUPS: dict[str, tuple[str, ...]] = {
+    "ingest": ("ingest",),
+    "health": ("health.detect",),
+    "demand": ("demand.plan",),
+    "control": ("control.plan",),
+}
+"""The consumer groups (suffixes of the app id) that read each role's telemetry."""
 ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
     "ingest": (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND),
     "health": (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS),
@@ -87,7 +93,7 @@ def _run_role(
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=free_port())
     worker.args[worker.args.index("--app-id") + 1] = app_id
     worker.args += ["--processors", role, "--loglevel", "warning"]
-    group = ingest_group(app_id) if role == "ingest" else app_id
+    groups = [f"{app_id}.{suffix}" for suffix in ROLE_GROUPS[role]]
     topics = [prefix + spec.name for spec in ROLE_INPUTS[role]]
     total = sum(inputs[spec.name] for spec in ROLE_INPUTS[role])
     worker.start()  # returns once it answers: imported, ClickHouse open, about to join
@@ -99,7 +105,10 @@ def _run_role(
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             try:
-                lag = sum(asyncio.run(fetch_lag(bootstrap, group, topics)).values())
+                lag = sum(
+                    sum(asyncio.run(fetch_lag(bootstrap, group, topics)).values())
+                    for group in groups
+                )
             except KafkaError:  # the group's coordinator is not known yet: ask again
                 time.sleep(0.25)
                 continue

@@ -1,12 +1,15 @@
-"""The worker: the ingest loop, the controller roles' faust processors, the web surface.
+"""The worker: the ingest loop, the controller roles' processors, the web surface.
 
-Ingest is not a faust agent: it runs as its own aiokafka consumer group inside
-this process (:mod:`streams.ingest_loop`), because faust's cost per message
-capped it. It splits each batch into valid events and dead letters (pure),
-publishes dead letters to ``<topic>.dlq``, writes both to ClickHouse, and only
-then commits, so offsets move only for rows ClickHouse holds. The roles
-(health, demand, control) are faust agents in the app's own group; several
-workers with the same app id split their partitions.
+Nothing that reads telemetry is a faust agent, because faust's cost per message
+capped it. Ingest runs as its own aiokafka consumer group inside this process
+(:mod:`streams.ingest_loop`): it splits each batch into valid events and dead
+letters (pure), publishes dead letters to ``<topic>.dlq``, writes both to
+ClickHouse, and only then commits, so offsets move only for rows ClickHouse
+holds. The roles' hot processors (``health.detect``, ``demand.plan``,
+``control.plan``) are role loops (:mod:`streams.role_loop`), one consumer group
+each. faust keeps what reads little (``health.isolate`` on the verdicts, the
+dead-letter census), the timers, the producer and the pages. Several workers
+with the same app id split the partitions of every one of these groups.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from prometheus_client import (
 )
 
 from planning.issuing import IssuerWiring
-from schemas.topics import INGESTED_TOPICS, TopicSpec
+from schemas.topics import INGESTED_TOPICS, TopicSpec, dead_letter_topic
 from sre.dashboards import load_dashboards, render_page
 from sre.results import QueryResult
 from streams.clickhouse_store import ClickHouseStore
@@ -41,6 +44,7 @@ from streams.ingest_loop import IngestLoop, IngestSettings
 from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
 from streams.page_access import PageAccess, refusal
+from streams.role_loop import RoleLoops
 from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
@@ -70,8 +74,9 @@ PROCESSORS: dict[str, Callable[..., list[TopicSpec]]] = {
     "demand": add_demand,
     "control": add_control,
 }
-"""Each controller role's processors: ``add(app, wiring, outputs, registry, access)``
-registers them (and their pages, behind ``access``) and returns the topics they read."""
+"""Each controller role's processors: ``add(app, wiring, outputs, registry, access, loops)``
+registers them (their role loops on ``loops``, their pages behind ``access``) and returns
+the topics faust reads for them."""
 
 
 class IngestMetrics:
@@ -147,18 +152,24 @@ def create_app(
         topic_allow_declare=False,
     )
     metrics = IngestMetrics(registry)
-    sources: list[TopicSpec] = []
+    sources = [dead_letter_topic(s) for s in INGESTED_TOPICS]  # the census, in every worker
     if store is not None:
         sink = ClickHouseSink(store, registry=registry)
         _add_ingest(app, config, sink, metrics, on_fatal)
+    _add_dead_letter_census(app, config, metrics)
     outputs = Outputs(
         app, ControllerMetrics(registry), topic_prefix=config.topic_prefix,
         roles=set(config.wirings),
     )  # fmt: skip
+    loops = RoleLoops(
+        app, app_id=config.app_id, bootstrap=config.bootstrap,
+        session_timeout_s=config.session_timeout_s, commit_interval_s=config.commit_interval_s,
+        on_fatal=on_fatal,
+    )  # fmt: skip
     for role, wiring in config.wirings.items():
-        read = PROCESSORS[role](app, wiring, outputs, registry, config.page_access)
+        read = PROCESSORS[role](app, wiring, outputs, registry, config.page_access, loops)
         sources += [s for s in read if s not in sources]
-    groups = {config.app_id: sources}
+    groups = {config.app_id: sources, **loops.groups}
     if store is not None:
         groups[ingest_group(config.app_id)] = list(INGESTED_TOPICS)
     _add_lag_timer(app, config, metrics, groups)
@@ -207,13 +218,14 @@ def _add_ingest(
 
     ingest.__name__ = ingest.__qualname__ = "ingest"  # what faust logs
     app.task(ingest)
-    _add_dead_letter_census(app, config, metrics)
 
 
 def _add_dead_letter_census(app: faust.App, config: WorkerConfig, metrics: IngestMetrics) -> None:
     """Count what lies on the dead letter topics, whichever ingest process put it there (the
-    census of a fleet of ingest processes). It is also the faust subscription of a worker
-    that runs ingest alone: faust will not run a consumer with nothing to read."""
+    census of a fleet of ingest processes: every worker counts the partitions it holds in
+    the app's group, and the sum over workers is the whole). It is also the faust
+    subscription of a worker whose processors are all loops: faust will not run a consumer
+    with nothing to read."""
     names = [config.topic_prefix + spec.dlq_name for spec in INGESTED_TOPICS]
     source = app.topic(*names, value_type=bytes, key_type=bytes)
 

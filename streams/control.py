@@ -1,5 +1,6 @@
 """The ``control.plan`` processor: serving, PDU and accelerator telemetry into the
-control planner (:mod:`planning.pools`), its throttle commands and decisions out."""
+control planner (:mod:`planning.pools`), its throttle commands and decisions out. A role
+loop (:mod:`streams.role_loop`): it reads every serving sample of the fleet."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from schemas.codec import DecodeError, decode_samples
 from schemas.topics import ACCELERATOR, ACCELERATOR_TICKS, PDU, SERVING, SERVING_TICKS, TopicSpec
 from streams.outputs import Outputs
 from streams.page_access import PageAccess
+from streams.role_loop import RoleLoops
 
 READ = (SERVING_TICKS, PDU, ACCELERATOR_TICKS, SERVING, ACCELERATOR)
 """What ``control.plan`` reads: node ticks (v2), PDU readings, and v1 from older agents."""
@@ -25,23 +27,21 @@ def add_control(
     outputs: Outputs,
     registry: CollectorRegistry,
     access: PageAccess | None,
+    loops: RoleLoops,
 ) -> list[TopicSpec]:
-    """Register ``control.plan`` on ``app`` (no pages); returns the topics it reads."""
-    del access
+    """Register ``control.plan`` (a role loop; no pages); faust reads nothing for it."""
+    del app, access
     planner = ControlPlanner(wiring)
     specs = {wiring.topic_prefix + s.name: s for s in READ}
-    source = app.topic(*specs, value_type=bytes, key_type=bytes)
 
-    async def plan(stream: Any) -> None:
-        async for events in stream.take_events(5_000, within=wiring.batch_within_s):
-            for e in events:
-                try:
-                    values = decode_samples(e.message.value, specs[e.message.topic].value_type)
-                except DecodeError:
-                    continue  # ingest dead-letters it
-                for value in values:
-                    await outputs.publish(planner.feed(value))
+    async def plan(records: list[Any]) -> None:
+        for r in records:
+            try:
+                values = decode_samples(r.value, specs[r.topic].value_type)
+            except DecodeError:
+                continue  # ingest dead-letters it
+            for value in values:
+                await outputs.publish(planner.feed(value))
 
-    plan.__name__ = plan.__qualname__ = "control.plan"
-    app.agent(source, name="control.plan", concurrency=1)(plan)
-    return list(READ)
+    loops.add("control.plan", READ, list(specs), plan, batch_within_s=wiring.batch_within_s)
+    return []

@@ -2,7 +2,9 @@
 
 ``health.detect`` reads accelerator, node-health and serving telemetry (all
 keyed by node, so one worker sees every signal of the nodes it owns), feeds
-:class:`~models.health.HealthDetector` and publishes verdicts. ``health.isolate``
+:class:`~models.health.HealthDetector` and publishes verdicts; it is a role loop
+(:mod:`streams.role_loop`: raw fetches, its own consumer group), as it reads
+every sample of the fleet. ``health.isolate``
 reads every verdict (one partition: its guardrail is fleet-wide), steps the
 :class:`~controllers.isolation.IsolationLadder`, and publishes one decision
 per step (:func:`planning.isolation.decide`), plus a signed route command when
@@ -55,6 +57,7 @@ from schemas.verdicts import HealthStatus, Verdict
 from streams.fatal import fail_stop
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
+from streams.role_loop import RoleLoops
 from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
@@ -127,17 +130,22 @@ def add_health(
     outputs: Outputs,
     registry: CollectorRegistry,
     access: PageAccess | None,
+    loops: RoleLoops,
 ) -> list[TopicSpec]:
-    """Register ``health.detect``, ``health.isolate``, the ladder's timer and the guardrail
-    pages on ``app``; returns the topics they read."""
+    """Register ``health.detect`` (a role loop), ``health.isolate`` (faust), the ladder's
+    timer and the guardrail pages on ``app``; returns the topics faust reads for them."""
     m = HealthMetrics(registry, outputs)
-    _add_detector(app, wiring, m, access)
+    _add_detector(app, loops, wiring, m, access)
     _add_isolation(app, wiring, m, outputs, access)
-    return [*DETECTED, VERDICTS]
+    return [VERDICTS]
 
 
 def _add_detector(
-    app: faust.App, wiring: HealthWiring, metrics: HealthMetrics, access: PageAccess | None
+    app: faust.App,
+    loops: RoleLoops,
+    wiring: HealthWiring,
+    metrics: HealthMetrics,
+    access: PageAccess | None,
 ) -> None:
     detector = isolation.detector(wiring)
     names = [wiring.topic_prefix + s.name for s in DETECTED]
@@ -176,7 +184,7 @@ def _add_detector(
         except Exception as exc:  # the next round writes them again
             log.warning("detector memory not kept this round: %r", exc)
 
-    async def moved(sender: Any, revoked: set[Any], **_: Any) -> None:
+    async def moved(revoked: set[Any]) -> None:
         gone = {tp.partition for tp in revoked if tp.topic in names}
         if not gone:
             return
@@ -188,9 +196,7 @@ def _add_detector(
         metrics.devices.set(len(detector.devices))
         log.info("partitions %s moved away: %d devices released", sorted(gone), released)
 
-    cast(Any, app.on_partitions_revoked).connect(moved)
     app.timer(interval=wiring.memory_every_s, name="health.keep_memory")(keep_memory)
-    source = app.topic(*names, value_type=bytes, key_type=bytes)
     verdicts = app.topic(wiring.topic_prefix + VERDICTS.name, value_type=bytes, key_type=bytes)
     timers = {
         AcceleratorTick: "health_device", AcceleratorTelemetry: "health_device",
@@ -203,41 +209,43 @@ def _add_detector(
     by_status = {s: metrics.verdicts.labels(s.value) for s in HealthStatus}
     counted = [0]  # detector.future_dated already counted in the metric
 
-    async def detect(stream: Any) -> None:
-        async for events in stream.take_events(5_000, within=wiring.batch_within_s):
-            new = {e.message.partition for e in events} - recalled
-            if new:  # before any sample of theirs: what a previous process learned
-                await recall_partitions(new)
-            out: list[Verdict] = []
-            newest: datetime | None = None
-            received = time.monotonic()
-            for e in events:
-                value_type, timer = kinds[e.message.topic]
-                try:
-                    values = decode_samples(e.message.value, value_type)
-                except DecodeError:
-                    metrics.skipped.inc()
-                    continue
-                appended = datetime.fromtimestamp(e.message.timestamp, UTC)
-                started = time.perf_counter()
-                source = (e.message.topic, e.message.partition)
-                for value in values:
-                    out += detector.observe(
-                        value, appended_at=appended, received_s=received, source=source
-                    )
-                timer.observe((time.perf_counter() - started) / max(1, len(values)))
-                newest = appended if newest is None else max(newest, appended)
-            if newest is not None:  # time passes on the broker's clock, never an agent's
-                out += detector.tick(newest, wall_s=time.monotonic())
-            metrics.future_dated.inc(detector.future_dated - counted[0])
-            counted[0] = detector.future_dated
-            for v in out:
-                await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
-                by_status[v.status].inc()
-            metrics.devices.set(len(detector.devices))
+    async def detect(records: list[Any]) -> None:
+        new = {r.partition for r in records} - recalled
+        if new:  # before any sample of theirs: what a previous process learned
+            await recall_partitions(new)
+        out: list[Verdict] = []
+        newest_ms: int | None = None
+        received = time.monotonic()
+        for r in records:
+            value_type, timer = kinds[r.topic]
+            try:
+                values = decode_samples(r.value, value_type)
+            except DecodeError:
+                metrics.skipped.inc()
+                continue
+            appended = datetime.fromtimestamp(r.timestamp / 1000, UTC)
+            started = time.perf_counter()
+            source = (r.topic, r.partition)
+            for value in values:
+                out += detector.observe(
+                    value, appended_at=appended, received_s=received, source=source
+                )
+            timer.observe((time.perf_counter() - started) / max(1, len(values)))
+            newest_ms = r.timestamp if newest_ms is None else max(newest_ms, r.timestamp)
+        if newest_ms is not None:  # time passes on the broker's clock, never an agent's
+            newest = datetime.fromtimestamp(newest_ms / 1000, UTC)
+            out += detector.tick(newest, wall_s=time.monotonic())
+        metrics.future_dated.inc(detector.future_dated - counted[0])
+        counted[0] = detector.future_dated
+        for v in out:
+            await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
+            by_status[v.status].inc()
+        metrics.devices.set(len(detector.devices))
 
-    detect.__name__ = detect.__qualname__ = "health.detect"
-    app.agent(source, name="health.detect", concurrency=1)(detect)
+    loops.add(
+        "health.detect", DETECTED, names, detect,
+        batch_within_s=wiring.batch_within_s, on_revoked=moved,
+    )  # fmt: skip
 
     @app.page("/health/devices")
     async def devices_page(web: Any, request: Any) -> Any:

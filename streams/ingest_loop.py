@@ -33,13 +33,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import Counter
 
 from schemas.codec import encode
 from schemas.commands import DeadLetter
 from schemas.topics import TopicSpec
 from streams.ingest import RawMessage, split
+from streams.role_loop import commit, raw_consumer
 from streams.rows import Coordinates
 from streams.sink import ClickHouseSink, Insert, is_resent
 
@@ -123,17 +123,8 @@ class IngestLoop:
 
     async def run(self) -> None:
         s = self.settings
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap,
-            group_id=s.group_id,
-            client_id=s.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=s.batch_max,
-            fetch_max_bytes=64 * 1024 * 1024,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            session_timeout_ms=int(s.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(min(3.0, s.session_timeout_s / 3) * 1000),
+        self._consumer = raw_consumer(
+            s.bootstrap, s.group_id, batch_max=s.batch_max, session_timeout_s=s.session_timeout_s
         )
         self._producer = AIOKafkaProducer(
             bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
@@ -255,16 +246,11 @@ class IngestLoop:
         self._committed_at = time.monotonic()
         if not offsets:
             return
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # the partitions moved; the rows are stored, and the next owner's replay of
-            # them is dropped by the watermarks
-            log.warning("ingest commit refused after a rebalance: %r", exc)
-        except KafkaError as exc:  # the broker is away: the next commit carries these too
-            log.warning("ingest commit failed, kept for the next one: %r", exc)
-            for tp, offset in offsets.items():
-                self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
+        # refused after a rebalance: the rows are stored, and the next owner's replay of
+        # them is dropped by the watermarks
+        kept = await commit(self._consumer, offsets, "ingest")
+        for tp, offset in kept.items():
+            self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
 
     async def _settle(self) -> None:
         """Wait until every prepared batch is written (or the writer failed)."""

@@ -162,13 +162,24 @@ def test_isolation_state_survives_five_sigkills(
         restored_ms = min(
             ms for t, _, a, _, _, ms, _ in decisions if t == RECOVERS and a == "restore"
         )
-        verdicts = ingest.sql(
-            "SELECT status, toUnixTimestamp64Milli(observed_at) FROM fleetloop.verdicts WHERE "
-            f"{where} AND device_uuid = '{RECOVERS}' AND observed_at <= "
-            f"fromUnixTimestamp64Milli({restored_ms}) ORDER BY observed_at"
-        )
-        last_bad = max(int(ms) for status, ms in verdicts if status != "healthy")
-        healthy_ms = min(int(ms) for status, ms in verdicts if int(ms) > last_bad)
+
+        def verdicts() -> list[tuple[str, int]]:
+            rows = ingest.sql(
+                "SELECT status, toUnixTimestamp64Milli(observed_at) FROM fleetloop.verdicts "
+                f"WHERE {where} AND device_uuid = '{RECOVERS}' AND observed_at <= "
+                f"fromUnixTimestamp64Milli({restored_ms}) ORDER BY observed_at"
+            )
+            return [(str(status), int(ms)) for status, ms in rows]
+
+        def healthy_after_bad() -> list[int]:
+            seen = verdicts()
+            last_bad = max(ms for status, ms in seen if status != "healthy")
+            return [ms for _, ms in seen if ms > last_bad]
+
+        # ingest reads the verdicts and the decisions from different topics: the healthy
+        # verdict the restore followed may land a batch after the restore's decision
+        until(lambda: bool(healthy_after_bad()), what="the healthy verdicts stored", proc=sim)
+        healthy_ms = min(healthy_after_bad())
         late_s = (int(restored_ms) - int(healthy_ms)) / 1000 - PROBATION_S
         assert 0 <= late_s <= 60, late_s
         print(

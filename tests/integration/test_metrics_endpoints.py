@@ -75,8 +75,22 @@ def test_worker_and_simulator_metrics(closed_loop: tuple[SimProcess, WorkerProce
     until(
         lambda: worker.metric("fleetloop_verdicts_total") > 0, what="verdicts", proc=sim
     )  # health runs in the same worker by default
-    lag_topics = {labels["topic"] for _, labels, _ in w["fleetloop_consumer_lag_messages"]}
-    assert any(t.endswith("telemetry.accelerator.v1") for t in lag_topics)
+
+    app_id = worker.args[worker.args.index("--app-id") + 1]
+
+    def lag_groups() -> dict[str, set[str]]:  # measured one group after another: wait for all
+        lag = _families(worker.get("/metrics").decode())["fleetloop_consumer_lag_messages"]
+        out: dict[str, set[str]] = {}
+        for _, labels, _ in lag:
+            out.setdefault(labels["group"].removeprefix(app_id), set()).add(labels["topic"])
+        return out
+
+    # the ingest loop's group and the health detector's loop read the telemetry
+    wanted = {".ingest", ".health.detect"}
+    until(lambda: wanted <= set(lag_groups()), what="lag of every group", proc=sim)
+    for group, topics in lag_groups().items():
+        if group in wanted:
+            assert any(t.endswith("telemetry.accelerator.v2") for t in topics), (group, topics)
     _check_conventions(w)
 
     with __import__("urllib.request").request.urlopen(sim.url + "/metrics", timeout=5) as r:

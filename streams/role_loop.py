@@ -1,0 +1,247 @@
+"""The controller roles' hot paths on raw fetches, beside faust, as ingest runs.
+
+faust spends about three event-loop turns and four tasks on every message
+(``python -m bench.faust_noop``); at the design point the roles read about
+37,000 envelopes a second, and that overhead, not the detectors, was most of
+their cost (``python -m bench.design_point``). A role's hot processor (the one
+that reads telemetry) therefore runs as a :class:`RoleLoop`: its own consumer
+group, ``<app id>.<processor>`` (:func:`role_group`), on ``getmany`` batches,
+in the worker's process and event loop. What stays on faust reads little (the
+verdicts, the dead-letter census) or is not a stream (timers, pages, the
+producer the outputs go through).
+
+Guarantees, the same as the faust agents they replace, made explicit:
+
+- at least once: a batch's offsets are committed only after its handler
+  returned and the producer flushed what it sent (the outputs are on the
+  broker before the input is marked read), at most every ``commit_interval_s``
+  and on every revocation, idle fetch and stop;
+- a handler that raises ends the process (``on_fatal``): the restarted worker
+  reads from the last commit instead of going on past a batch it never finished;
+- on a revocation the batch in hand finishes, its outputs are flushed and its
+  offsets committed before the partitions go, then the processor's own hook
+  runs (a detector hands its devices' memory on); a batch fetched before the
+  revocation and handled after it keeps only the partitions still owned, so no
+  device is judged by two processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+log = logging.getLogger(__name__)
+
+Record = Any
+"""An aiokafka ``ConsumerRecord``: ``topic``, ``partition``, ``offset``, ``timestamp`` (ms,
+the broker's append time on our topics), ``key``, ``value``."""
+
+Handler = Callable[[list[Record]], Awaitable[None]]
+Revoked = Callable[[set[TopicPartition]], Awaitable[None]]
+
+
+def role_group(app_id: str, processor: str) -> str:
+    """The consumer group of a role's hot processor in the worker ``app_id``."""
+    return f"{app_id}.{processor}"
+
+
+def raw_consumer(
+    bootstrap: str, group_id: str, *, batch_max: int, session_timeout_s: float
+) -> AIOKafkaConsumer:
+    """A consumer for a raw-fetch loop: offsets committed by hand, large fetches."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group_id,
+        client_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=batch_max,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        session_timeout_ms=int(session_timeout_s * 1000),
+        heartbeat_interval_ms=int(min(3.0, session_timeout_s / 3) * 1000),
+    )
+
+
+async def commit(
+    consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int], name: str
+) -> dict[TopicPartition, int]:
+    """Commit ``offsets``; return those to carry into the next commit (the broker was away).
+    A commit refused after a rebalance is dropped: the partitions moved, and their next
+    owner reads those records again (at least once)."""
+    try:
+        await consumer.commit(offsets)
+    except (CommitFailedError, IllegalStateError) as exc:
+        log.warning("%s commit refused after a rebalance: %r", name, exc)
+    except KafkaError as exc:
+        log.warning("%s commit failed, kept for the next one: %r", name, exc)
+        return offsets
+    return {}
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    bootstrap: str
+    group_id: str
+    topics: tuple[str, ...]
+    batch_max: int = 5_000
+    batch_within_s: float = 1.0
+    session_timeout_s: float = 10.0
+    commit_interval_s: float = 2.8
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, loop: RoleLoop) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.loop.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("%s assigned %d partitions", self.loop.name, len(assigned))
+
+
+class RoleLoop:
+    """Fetch, hand each batch to ``handle``, flush, commit; see the module's guarantees."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: LoopSettings,
+        handle: Handler,
+        *,
+        flush: Callable[[], Awaitable[Any]],
+        on_revoked: Revoked | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.handle = handle
+        self.flush = flush
+        self.on_revoked = on_revoked
+        self.generation = 0  # bumped by every revocation
+        self._lock = asyncio.Lock()  # a batch in hand, or a revocation: one at a time
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._committed_at = time.monotonic()
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def run(self) -> None:
+        s = self.settings
+        self._consumer = consumer = raw_consumer(
+            s.bootstrap, s.group_id, batch_max=s.batch_max, session_timeout_s=s.session_timeout_s
+        )
+        consumer.subscribe(list(s.topics), listener=_Listener(self))
+        await consumer.start()
+        try:
+            while True:
+                generation = self.generation
+                fetched = await consumer.getmany(
+                    timeout_ms=int(s.batch_within_s * 1000), max_records=s.batch_max
+                )
+                async with self._lock:
+                    if fetched and generation != self.generation:  # a revocation in between
+                        owned = consumer.assignment()
+                        fetched = {tp: rs for tp, rs in fetched.items() if tp in owned}
+                    if fetched:
+                        await self.handle([r for records in fetched.values() for r in records])
+                        for tp, records in fetched.items():
+                            self._uncommitted[tp] = records[-1].offset + 1
+                    due = time.monotonic() - self._committed_at >= s.commit_interval_s
+                    if self._uncommitted and (due or not fetched):
+                        await self._commit()
+        finally:
+            try:
+                async with self._lock:
+                    await self._commit()
+            finally:
+                await consumer.stop()
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        """Finish the batch in hand, make its outputs and offsets durable, then hand over."""
+        async with self._lock:
+            await self._commit()
+            self.generation += 1
+            if self.on_revoked is not None:
+                await self.on_revoked(revoked)
+
+    async def _commit(self) -> None:
+        assert self._consumer is not None
+        offsets, self._uncommitted = self._uncommitted, {}
+        self._committed_at = time.monotonic()
+        if not offsets:
+            return
+        await self.flush()  # what the batches sent is on the broker before they count as read
+        kept = await commit(self._consumer, offsets, self.name)
+        for tp, offset in kept.items():
+            self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
+
+
+class RoleLoops:
+    """The role loops a worker runs: each registered as a faust task (so it starts and stops
+    with the worker, on its event loop) under its own consumer group."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        app_id: str,
+        bootstrap: str,
+        session_timeout_s: float,
+        commit_interval_s: float,
+        on_fatal: Callable[[str, BaseException], None],
+    ) -> None:
+        self.app = app
+        self.app_id = app_id
+        self.bootstrap = bootstrap
+        self.session_timeout_s = session_timeout_s
+        self.commit_interval_s = commit_interval_s
+        self.on_fatal = on_fatal
+        self.groups: dict[str, list[Any]] = {}  # group -> the topic specs it reads
+        self.loops: list[RoleLoop] = []
+
+    def add(
+        self,
+        processor: str,
+        specs: Sequence[Any],
+        topics: Sequence[str],
+        handle: Handler,
+        *,
+        batch_within_s: float,
+        on_revoked: Revoked | None = None,
+    ) -> RoleLoop:
+        """Run ``handle`` over ``topics`` (``specs``' names, with any prefix) as ``processor``."""
+        group = role_group(self.app_id, processor)
+        settings = LoopSettings(
+            bootstrap=self.bootstrap,
+            group_id=group,
+            topics=tuple(topics),
+            batch_within_s=batch_within_s,
+            session_timeout_s=self.session_timeout_s,
+            commit_interval_s=self.commit_interval_s,
+        )
+        loop = RoleLoop(processor, settings, handle, flush=self._flush, on_revoked=on_revoked)
+        self.groups[group] = list(specs)
+        self.loops.append(loop)
+        on_fatal = self.on_fatal
+
+        async def run() -> None:
+            try:
+                await loop.run()
+            except asyncio.CancelledError:
+                raise  # the worker is stopping: the batch in hand was finished and committed
+            except Exception as exc:  # never go on past a batch the processor did not finish
+                on_fatal(processor, exc)
+                raise
+
+        run.__name__ = run.__qualname__ = processor  # what faust logs
+        self.app.task(run)
+        return loop
+
+    async def _flush(self) -> None:
+        await self.app.producer.flush()
