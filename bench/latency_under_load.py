@@ -132,9 +132,9 @@ async def _watch_lag(bootstrap: str, group: str, topics: list[str], out: list[in
         await asyncio.sleep(2.0)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: list[float], quantile: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
 
 def main() -> None:
@@ -264,6 +264,19 @@ def _report(
           f"{max(lags, default=-1)} messages; replay at most {late:.2f} s behind its clock; "
           f"share {args.devices} of 100,000 devices ({100_000 / args.devices:.0f} processes), "
           f"about {share:,.0f} samples/s, nodes {nodes}")  # fmt: skip
+    failed_at: dict[str, datetime] = {}  # each faulty device's first failed verdict
+    for raw, appended in read[VERDICTS.name]:
+        v = decode(raw, Verdict)
+        if v.device_uuid in hard and v.status is HealthStatus.FAILED:
+            failed_at.setdefault(v.device_uuid, appended)
+    for device, fault in sorted(hard.items(), key=lambda kv: kv[1].start_s):
+        fault_at = start + timedelta(seconds=fault.start_s + fault.param("lead_s"))
+        line = f"  {device}: double-bit fault due at {fault_at:%H:%M:%S}"
+        if device in failed_at:
+            line += f"; failed verdict +{(failed_at[device] - fault_at).total_seconds():.3f} s"
+        if device in to_quarantine:
+            line += f"; its cause -> quarantine command {to_quarantine[device]:.3f} s"
+        print(line)
     if to_quarantine:
         values = list(to_quarantine.values())
         print(f"hard fault -> quarantine command: {len(values)} of {len(hard)} devices; "

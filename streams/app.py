@@ -5,10 +5,10 @@ capped it. Ingest runs as its own aiokafka consumer group inside this process
 (:mod:`streams.ingest_loop`): it splits each batch into valid events and dead
 letters (pure), publishes dead letters to ``<topic>.dlq``, writes both to
 ClickHouse, and only then commits, so offsets move only for rows ClickHouse
-holds. The roles' hot processors (``health.detect``, ``demand.plan``,
-``control.plan``) are role loops (:mod:`streams.role_loop`), one consumer group
-each. faust keeps what reads little (``health.isolate`` on the verdicts, the
-dead-letter census), the timers, the producer and the pages. Several workers
+holds. The roles' processors (``health.detect``, ``health.isolate``,
+``demand.plan``, ``control.plan``) are role loops (:mod:`streams.role_loop`), one
+consumer group each. faust keeps the dead-letter census, the timers, the producer
+and the pages. Several workers
 with the same app id split the partitions of every one of these groups.
 """
 
@@ -28,6 +28,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     generate_latest,
 )
 
@@ -173,6 +174,7 @@ def create_app(
     if store is not None:
         groups[ingest_group(config.app_id)] = list(INGESTED_TOPICS)
     _add_lag_timer(app, config, metrics, groups)
+    _add_stall_watch(app, registry)
     _add_metrics_pages(app, store, registry)
     if store is not None:
         _add_clickhouse_pages(app, store, config.page_access)
@@ -259,6 +261,31 @@ def _add_lag_timer(
                 metrics.lag.labels(topic, group).set(messages)
 
     app.timer(interval=config.lag_interval_s, name="consumer_lag")(consumer_lag)
+
+
+STALL_PROBE_S = 0.1
+
+
+def _add_stall_watch(app: faust.App, registry: CollectorRegistry) -> None:
+    """How late the event loop runs a wake-up due every :data:`STALL_PROBE_S`: every
+    processor, timer and page of the worker shares the loop, so a stall here (a long
+    batch, a collection, a burst of sends) is a delay in every decision made meanwhile."""
+    stalls = Histogram(
+        "fleetloop_event_loop_stall_seconds",
+        f"How late the worker's event loop ran a wake-up due every {STALL_PROBE_S} s",
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        registry=registry,
+    )
+
+    async def watch() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + STALL_PROBE_S
+            await asyncio.sleep(STALL_PROBE_S)
+            stalls.observe(max(0.0, loop.time() - due))
+
+    watch.__name__ = watch.__qualname__ = "event_loop_stall_watch"
+    app.task(watch)
 
 
 def _add_metrics_pages(

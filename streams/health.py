@@ -5,7 +5,8 @@ keyed by node, so one worker sees every signal of the nodes it owns), feeds
 :class:`~models.health.HealthDetector` and publishes verdicts; it is a role loop
 (:mod:`streams.role_loop`: raw fetches, its own consumer group), as it reads
 every sample of the fleet. ``health.isolate``
-reads every verdict (one partition: its guardrail is fleet-wide), steps the
+reads every verdict (one partition: its guardrail is fleet-wide; a role loop too, so a
+verdict is acted on as soon as it is fetched), steps the
 :class:`~controllers.isolation.IsolationLadder`, and publishes one decision
 per step (:func:`planning.isolation.decide`), plus a signed route command when
 the step is allowed and a signing key is configured (advisory otherwise: the
@@ -61,6 +62,10 @@ from streams.role_loop import RoleLoops
 from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
+
+YIELD_EVERY = 100
+"""Messages the detector handles (about 800 samples, 25 ms) before it lets the other tasks
+of the worker's event loop run: the ladder waits for no more than that."""
 
 DETECTED = (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS, ACCELERATOR, SERVING)
 """What ``health.detect`` reads: node ticks (v2) and, from agents not yet upgraded, v1."""
@@ -136,8 +141,8 @@ def add_health(
     timer and the guardrail pages on ``app``; returns the topics faust reads for them."""
     m = HealthMetrics(registry, outputs)
     _add_detector(app, loops, wiring, m, access)
-    _add_isolation(app, wiring, m, outputs, access)
-    return [VERDICTS]
+    _add_isolation(app, loops, wiring, m, outputs, access)
+    return []
 
 
 def _add_detector(
@@ -213,8 +218,14 @@ def _add_detector(
         new = {r.partition for r in records} - recalled
         if new:  # before any sample of theirs: what a previous process learned
             await recall_partitions(new)
-        out: list[Verdict] = []
+
+        async def send(out: list[Verdict]) -> None:
+            for v in out:
+                await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
+                by_status[v.status].inc()
+
         newest_ms: int | None = None
+        handled = 0
         received = time.monotonic()
         for r in records:
             value_type, timer = kinds[r.topic]
@@ -226,20 +237,23 @@ def _add_detector(
             appended = datetime.fromtimestamp(r.timestamp / 1000, UTC)
             started = time.perf_counter()
             source = (r.topic, r.partition)
+            out: list[Verdict] = []
             for value in values:
                 out += detector.observe(
                     value, appended_at=appended, received_s=received, source=source
                 )
             timer.observe((time.perf_counter() - started) / max(1, len(values)))
             newest_ms = r.timestamp if newest_ms is None else max(newest_ms, r.timestamp)
+            if out:  # on their way now, not at the end of the batch: a hard fault waits for none
+                await send(out)
+            handled += 1
+            if handled % YIELD_EVERY == 0:  # let the ladder act on what was just sent
+                await asyncio.sleep(0)
         if newest_ms is not None:  # time passes on the broker's clock, never an agent's
             newest = datetime.fromtimestamp(newest_ms / 1000, UTC)
-            out += detector.tick(newest, wall_s=time.monotonic())
+            await send(detector.tick(newest, wall_s=time.monotonic()))
         metrics.future_dated.inc(detector.future_dated - counted[0])
         counted[0] = detector.future_dated
-        for v in out:
-            await verdicts.send(key=v.device_uuid.encode(), value=encode(v))
-            by_status[v.status].inc()
         metrics.devices.set(len(detector.devices))
 
     loops.add(
@@ -272,13 +286,13 @@ class _Held:
 
 def _add_isolation(
     app: faust.App,
+    loops: RoleLoops,
     wiring: HealthWiring,
     metrics: HealthMetrics,
     outputs: Outputs,
     access: PageAccess | None,
 ) -> None:
     verdict_topic = wiring.topic_prefix + VERDICTS.name
-    source = app.topic(verdict_topic, value_type=bytes, key_type=bytes)
     state = StateTopic(
         app, wiring.topic_prefix + ISOLATION_STATE.name, partitions=ISOLATION_STATE.partitions
     )
@@ -312,13 +326,13 @@ def _add_isolation(
         metrics.isolated.set(len(ladder.guard.state.isolated))
         metrics.locked_out.set(1 if ladder.guard.state.locked_out else 0)
 
-    async def isolate_batch(events: list[Any]) -> None:
+    async def isolate_batch(records: list[Any]) -> None:
         ladder = held.ladder or await resume_state()
         steps: list[LadderDecision] = []
         touched: set[str] = set()
-        for e in events:
+        for r in records:
             try:
-                v = decode(e.message.value, Verdict)
+                v = decode(r.value, Verdict)
             except DecodeError:
                 metrics.skipped.inc()
                 continue
@@ -328,15 +342,11 @@ def _add_isolation(
         if held.clock.started:
             await publish(ladder, steps, touched, held.clock.now(time.monotonic()))
 
-    async def isolate(stream: Any) -> None:
-        async for events in stream.noack_take(1_000, within=wiring.batch_within_s):
-            try:
-                async with held.lock:
-                    await isolate_batch(events)
-            except Exception as exc:  # state not written or not read: never decide past it
-                fail_stop("health.isolate", exc)
-            for event in events:
-                await stream.ack(event)
+    async def isolate(records: list[Any]) -> None:
+        # a failure here (state not written or not read) ends the process: the role loop
+        # never commits past a batch of verdicts it did not decide on
+        async with held.lock:
+            await isolate_batch(records)
 
     async def ladder_tick() -> None:
         try:
@@ -347,14 +357,15 @@ def _add_isolation(
         except Exception as exc:
             fail_stop("health.ladder_tick", exc)
 
-    async def revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
+    async def revoked(revoked: set[Any]) -> None:
         if any(tp.topic == verdict_topic for tp in revoked):
             async with held.lock:  # another worker may own it next: read it back if it returns
                 held.ladder = None
 
-    cast(Any, app.on_partitions_revoked).connect(revoked)
-    isolate.__name__ = isolate.__qualname__ = "health.isolate"
-    app.agent(source, name="health.isolate", concurrency=1)(isolate)
+    loops.add(
+        "health.isolate", (VERDICTS,), [verdict_topic], isolate,
+        batch_within_s=wiring.batch_within_s, on_revoked=revoked,
+    )  # fmt: skip
     app.timer(interval=1.0, name="health.ladder_tick")(ladder_tick)
 
     @app.page("/guardrail")
