@@ -57,6 +57,7 @@ from schemas.codec import decode, encode
 from schemas.commands import RouteAction, RouteCommand, Target
 from schemas.signing import sign
 from schemas.topics import ACCELERATOR, INGESTED_TOPICS, ROUTE_COMMANDS, SERVING, TopicSpec
+from streams.app import ingest_group
 from streams.lag import fetch_lag
 
 DEMO_SCENARIO = REPO_ROOT / "scenarios" / "demo.yaml"
@@ -338,12 +339,13 @@ def _clean(broker_settings: BrokerSettings, settings: SimSettings, *, own_broker
 def _catch_up(
     settings: SimSettings, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float = 120.0
 ) -> None:
-    """Wait until the worker has committed every ingested topic to its end.
+    """Wait until the worker's ingest loop has committed every ingested topic to its end.
 
-    The worker commits offsets only after ClickHouse holds the rows, so zero lag on
-    every topic means everything the fleet and the controllers sent is stored.
+    The ingest loop (its own group, ``<app id>.ingest``) commits offsets only after
+    ClickHouse holds the rows, so zero lag on every topic means everything the fleet
+    and the controllers sent is stored.
     """
-    group = WorkerSettings().app_id
+    group = ingest_group(WorkerSettings().app_id)
     topics = [settings.topic_prefix + t.name for t in INGESTED_TOPICS]
     started = time.monotonic()
     lag: dict[str, int] = {}
