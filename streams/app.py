@@ -45,7 +45,7 @@ from streams.ingest_loop import IngestLoop, IngestSettings
 from streams.lag import fetch_lag
 from streams.outputs import ControllerMetrics, Outputs
 from streams.page_access import PageAccess, refusal
-from streams.role_loop import RoleLoops
+from streams.role_loop import RoleLoops, role_group
 from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def create_app(
         roles=set(config.wirings),
     )  # fmt: skip
     loops = RoleLoops(
-        app, app_id=config.app_id, bootstrap=config.bootstrap,
+        app, app_id=config.app_id, topic_prefix=config.topic_prefix, bootstrap=config.bootstrap,
         session_timeout_s=config.session_timeout_s, commit_interval_s=config.commit_interval_s,
         on_fatal=on_fatal,
     )  # fmt: skip
@@ -183,7 +183,7 @@ def create_app(
 
 def ingest_group(app_id: str) -> str:
     """The consumer group of a worker's ingest loop (apart from faust's, ``app_id``)."""
-    return f"{app_id}.ingest"
+    return role_group(app_id, "ingest")
 
 
 def _add_ingest(

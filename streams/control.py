@@ -43,5 +43,5 @@ def add_control(
             for value in values:
                 await outputs.publish(planner.feed(value))
 
-    loops.add("control.plan", READ, list(specs), plan, batch_within_s=wiring.batch_within_s)
+    loops.add("control.plan", READ, plan, batch_within_s=wiring.batch_within_s)
     return []

@@ -56,5 +56,5 @@ def add_demand(
                 await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
             await outputs.publish(decide_warm(step, wiring) for step in steps)
 
-    loops.add("demand.plan", (DEMAND, SERVING_TICKS, SERVING), names, plan, batch_within_s=0.5)
+    loops.add("demand.plan", (DEMAND, SERVING_TICKS, SERVING), plan, batch_within_s=0.5)
     return []

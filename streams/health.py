@@ -257,7 +257,7 @@ def _add_detector(
         metrics.devices.set(len(detector.devices))
 
     loops.add(
-        "health.detect", DETECTED, names, detect,
+        "health.detect", DETECTED, detect,
         batch_within_s=wiring.batch_within_s, on_revoked=moved,
     )  # fmt: skip
 
@@ -363,7 +363,7 @@ def _add_isolation(
                 held.ladder = None
 
     loops.add(
-        "health.isolate", (VERDICTS,), [verdict_topic], isolate,
+        "health.isolate", (VERDICTS,), isolate,
         batch_within_s=wiring.batch_within_s, on_revoked=revoked,
     )  # fmt: skip
     app.timer(interval=1.0, name="health.ladder_tick")(ladder_tick)

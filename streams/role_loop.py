@@ -197,6 +197,7 @@ class RoleLoops:
         app: Any,
         *,
         app_id: str,
+        topic_prefix: str,
         bootstrap: str,
         session_timeout_s: float,
         commit_interval_s: float,
@@ -204,36 +205,34 @@ class RoleLoops:
     ) -> None:
         self.app = app
         self.app_id = app_id
+        self.topic_prefix = topic_prefix
         self.bootstrap = bootstrap
         self.session_timeout_s = session_timeout_s
         self.commit_interval_s = commit_interval_s
         self.on_fatal = on_fatal
         self.groups: dict[str, list[Any]] = {}  # group -> the topic specs it reads
-        self.loops: list[RoleLoop] = []
 
     def add(
         self,
         processor: str,
         specs: Sequence[Any],
-        topics: Sequence[str],
         handle: Handler,
         *,
         batch_within_s: float,
         on_revoked: Revoked | None = None,
     ) -> RoleLoop:
-        """Run ``handle`` over ``topics`` (``specs``' names, with any prefix) as ``processor``."""
+        """Run ``handle`` over the topics of ``specs`` (with the prefix) as ``processor``."""
         group = role_group(self.app_id, processor)
         settings = LoopSettings(
             bootstrap=self.bootstrap,
             group_id=group,
-            topics=tuple(topics),
+            topics=tuple(self.topic_prefix + spec.name for spec in specs),
             batch_within_s=batch_within_s,
             session_timeout_s=self.session_timeout_s,
             commit_interval_s=self.commit_interval_s,
         )
         loop = RoleLoop(processor, settings, handle, flush=self._flush, on_revoked=on_revoked)
         self.groups[group] = list(specs)
-        self.loops.append(loop)
         on_fatal = self.on_fatal
 
         async def run() -> None:

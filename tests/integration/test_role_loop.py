@@ -62,9 +62,11 @@ def test_offsets_follow_the_handler_and_the_flush(kafka_bootstrap: str, topic_pr
     async def run() -> int:
         loop = RoleLoop("test.ok", _settings(kafka_bootstrap, group, topic), handle, flush=flush)
         task = asyncio.create_task(loop.run())
-        while len(seen) < MESSAGES:
-            await asyncio.sleep(0.05)
+        deadline = asyncio.get_running_loop().time() + 60
+        while len(seen) < MESSAGES:  # a condition with a deadline, polled
             assert not task.done(), task
+            assert asyncio.get_running_loop().time() < deadline, f"{len(seen)} of {MESSAGES}"
+            await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return await _committed(kafka_bootstrap, group, topic)
