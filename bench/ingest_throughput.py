@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import sys
 import tempfile
@@ -73,8 +74,9 @@ async def produce(bootstrap: str, prefix: str, messages: list[tuple[TopicSpec, A
     return len(messages) / (time.perf_counter() - started)
 
 
-async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int]:
-    """getmany + decode and validate every sample: the ceiling of any ingest."""
+async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, float, int]:
+    """getmany + decode and validate every sample: the ceiling of any ingest. Samples per
+    second of wall time and per CPU second of this process, and how many were invalid."""
     by_name = {prefix + spec.name: spec for spec in TELEMETRY_TOPICS}
     consumer = AIOKafkaConsumer(
         *by_name,
@@ -89,11 +91,12 @@ async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int
     await consumer.start()
     seen = bad = 0
     started: float | None = None
+    cpu_at = 0.0
     try:
         while seen < total:
             batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
             if started is None and batches:
-                started = time.perf_counter()
+                started, cpu_at = time.perf_counter(), _cpu_s()
             for tp, records in batches.items():
                 value_type = by_name[tp.topic].value_type
                 for record in records:
@@ -106,7 +109,7 @@ async def _raw_loop(bootstrap: str, prefix: str, total: int) -> tuple[float, int
                     except DecodeError:
                         bad += 1
         assert started is not None
-        return seen / (time.perf_counter() - started), bad
+        return seen / (time.perf_counter() - started), seen / (_cpu_s() - cpu_at), bad
     finally:
         await consumer.stop()
 
@@ -222,12 +225,15 @@ def main() -> None:
             mix = Counter(spec.name for spec, _ in messages)
             print(f"pre-produced {len(messages)} messages, {rows} samples ({dict(mix)}) "
                   f"at {produce_rate:,.0f} messages/s")  # fmt: skip
-            raw_rate, bad = asyncio.run(_raw_loop(bootstrap, prefix, rows))
+            raw_rate, raw_per_core, bad = asyncio.run(_raw_loop(bootstrap, prefix, rows))
             _line("raw getmany + decode (baseline)", raw_rate, f"{bad} invalid")
+            _line("baseline, per CPU second of its process", raw_per_core, "one core's share")
             loop_rate, per_core = asyncio.run(_ingest_loop(bootstrap, prefix, rows, home))
             _line("ingest loop -> embedded ClickHouse", loop_rate, "in-process")
-            _line("ingest loop, per CPU second of its process", per_core, "one core's share")
-            print(f"ratio ingest loop / raw baseline: {loop_rate / raw_rate:.3f}")
+            _line("ingest loop, per CPU second of its process", per_core, "ClickHouse's included")
+            print(f"ratio ingest loop / raw baseline: {loop_rate / raw_rate:.3f} "
+                  f"(per CPU second: {per_core / raw_per_core:.3f}; the broker shares the "
+                  f"{os.cpu_count()} cores)")  # fmt: skip
             if args.worker:
                 worker_rate, stored = _worker_rate(bootstrap, prefix, rows, home / "worker")
                 _line("worker process (ingest only)", worker_rate, f"{sum(stored.values())} rows")
