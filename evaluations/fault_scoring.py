@@ -15,7 +15,12 @@ each route command reached the broker.
   least one true detection / faults; **time to detect** = first true
   detection - fault start, per kind.
 - **false isolations**: isolating commands issued for a device no fault was
-  touching then, per 1,000 device-days observed.
+  touching then, per 1,000 device-days observed, each listed with its cause (the
+  decision's reason and message: the signal, the level, the threshold).
+- Conditions shared by many healthy devices (a rollout's slowdown, a power brake,
+  hot inlet air, a demand surge) are not faults: isolating a device for one is a
+  false isolation. A device such a condition destroys (lost to heat) is a fault
+  from that instant.
 - **hard-fault isolation latency**: from the triggering event's broker
   timestamp to the command's, for hard-fault quarantines.
 """
@@ -65,6 +70,7 @@ class FaultScore:
     ttd_s: dict[str, list[float]] = field(default_factory=dict)
     missed: list[str] = field(default_factory=list)
     false_detections: list[str] = field(default_factory=list)
+    false_isolation_causes: list[str] = field(default_factory=list)
     isolation_latency_s: list[float] = field(default_factory=list)
     verdict_latency_s: list[float] = field(default_factory=list)  # event -> verdict on broker
     actions: dict[str, int] = field(default_factory=dict)
@@ -86,7 +92,7 @@ class FaultScore:
             "ttd_p95_s": _q(every, 0.95),
             "hard_fault_isolation_p99_s": _q(sorted(self.isolation_latency_s), 0.99),
             "hard_fault_isolation_p50_s": _q(sorted(self.isolation_latency_s), 0.5),
-            "hard_fault_isolations": len(self.isolation_latency_s),
+            "hard_fault_latencies_measured": len(self.isolation_latency_s),
             "hard_fault_verdict_p50_s": _q(sorted(self.verdict_latency_s), 0.5),
             "hard_fault_verdict_p99_s": _q(sorted(self.verdict_latency_s), 0.99),
             "faults": self.faults,
@@ -105,6 +111,7 @@ class FaultScore:
             },
             "missed": self.missed,
             "false_detections": self.false_detections,
+            "false_isolation_causes": self.false_isolation_causes,
             "actions": self.actions,
             "refusals": self.refusals,
         }
@@ -128,15 +135,25 @@ def faults_from_truth(
     rows = list(rows)
     tripped = {r["target"] for r in rows if r.get("what") == "breaker_trip"}
     out = []
+    faults = [r for r in rows if r.get("record") == "fault"]
+    faulted = {r["device_uuid"] for r in faults if r["device_uuid"]}
+    hot_nodes = {r["node_id"] for r in faults if r["node_id"] and not r["device_uuid"]}
+    faulted |= {d for d, (node, _) in layout.items() if node in hot_nodes}
+    for r in rows:  # a device a shared condition destroyed is a fault from then on
+        if r.get("what") == "device_lost_overheat" and r["target"] not in faulted:
+            at = datetime.fromisoformat(r["at"])
+            end = at + timedelta(days=1)  # it stays lost until swapped: no end in view
+            devices = frozenset({r["target"]})
+            out.append(Fault(f"lost-{r['target']}", "overheat_loss", at, end, devices))
     for r in rows:
         if r.get("record") != "fault" or r["kind"] not in HEALTH_FAULTS:
             continue
         if r["device_uuid"]:
-            devices = {r["device_uuid"]}
+            devices = frozenset({r["device_uuid"]})
         elif r["node_id"]:
-            devices = {d for d, (node, _) in layout.items() if node == r["node_id"]}
+            devices = frozenset(d for d, (node, _) in layout.items() if node == r["node_id"])
         elif r["rack_id"] and r["rack_id"] in tripped:
-            devices = {d for d, (_, rack) in layout.items() if rack == r["rack_id"]}
+            devices = frozenset(d for d, (_, rack) in layout.items() if rack == r["rack_id"])
         else:
             continue  # an overload that never tripped its breaker harmed no device
         out.append(
@@ -145,7 +162,7 @@ def faults_from_truth(
                 r["kind"],
                 datetime.fromisoformat(r["start_at"]),
                 datetime.fromisoformat(r["end_at"]),
-                frozenset(devices),
+                devices,
             )
         )
     return out
@@ -196,6 +213,7 @@ def score(
         else:
             missed.append(f.fault_id)
     false_isolations = 0
+    causes: list[str] = []
     latency = []
     verdict_latency = []
     actions: dict[str, int] = defaultdict(int)
@@ -209,6 +227,9 @@ def score(
             continue
         if not touching(d.target, d.decided_at):
             false_isolations += 1
+            causes.append(
+                f"{d.target}@{d.decided_at:%H:%M:%S} {d.action} ({d.reason}): {d.message[:160]}"
+            )
         appended = command_appended.get(d.command_id) if d.command_id else None
         if d.reason == "hard_fault" and appended and d.cause_appended_at:
             latency.append((appended - d.cause_appended_at).total_seconds())
@@ -228,8 +249,53 @@ def score(
         ttd_s=dict(ttd),
         missed=missed,
         false_detections=false_detections,
+        false_isolation_causes=causes,
         isolation_latency_s=latency,
         verdict_latency_s=verdict_latency,
         actions=dict(actions),
         refusals=dict(refusals),
     )
+
+
+def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Seeds' summaries together: the mean and the worst seed of each headline figure
+    (worst: the lowest precision and recall, the most false isolations, the slowest
+    detection), and per kind the worst seed's time to detect at p95."""
+    if not per_seed:
+        return {}
+    runs = list(per_seed.values())
+
+    def mean(key: str) -> float:
+        return round(sum(float(r[key]) for r in runs) / len(runs), 4)
+
+    def worst(key: str, *, low: bool) -> tuple[float, int] | tuple[None, None]:
+        values = [(float(r[key]), seed) for seed, r in per_seed.items() if r[key] is not None]
+        if not values:
+            return (None, None)
+        return min(values) if low else max(values)
+
+    out: dict[str, Any] = {"seeds": len(runs)}
+    for key, low in (("precision", True), ("recall", True),
+                     ("false_isolations_per_1k_device_days", False)):  # fmt: skip
+        value, seed = worst(key, low=low)
+        out[f"{key}_mean"] = mean(key)
+        out[f"{key}_worst"] = value
+        out[f"{key}_worst_seed"] = seed
+    out["false_isolations_total"] = sum(int(r["false_isolations"]) for r in runs)
+    out["device_days_total"] = round(sum(float(r["device_days"]) for r in runs), 3)
+    total = out["device_days_total"]
+    out["false_isolations_per_1k_device_days_pooled"] = (
+        round(1000.0 * out["false_isolations_total"] / total, 2) if total else 0.0
+    )
+    out["faults_total"] = sum(int(r["faults"]) for r in runs)
+    out["missed_total"] = sum(len(r["missed"]) for r in runs)
+    kinds = sorted({k for r in runs for k in r["per_kind"]})
+    out["ttd_p95_s_worst_by_kind"] = {
+        k: max(
+            (r["per_kind"][k]["ttd_p95_s"] for r in runs
+             if k in r["per_kind"] and r["per_kind"][k]["ttd_p95_s"] is not None),
+            default=None,
+        )
+        for k in kinds
+    }  # fmt: skip
+    return out

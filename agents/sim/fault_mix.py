@@ -20,6 +20,7 @@ from pathlib import Path
 
 from agents.sim.hardware import ACCELERATORS, node_type
 from agents.sim.scenario import FaultKind, FaultSpec, SampleSpec, ScenarioError, TargetSpec
+from schemas.base import AcceleratorType
 
 DESCRIPTION_TO_KIND: dict[str, FaultKind] = {
     "GPU DBE(Double Bit ECC) > Threshold": FaultKind.ECC_STORM,
@@ -76,7 +77,13 @@ def read_episodes(path: Path) -> list[Episode]:
 
 
 def sample_faults(
-    spec: SampleSpec, *, nodes: int, devices_per_node: int, racks: int, horizon_s: float
+    spec: SampleSpec,
+    *,
+    nodes: int,
+    devices_per_node: int,
+    racks: int,
+    horizon_s: float,
+    type_mix: tuple[AcceleratorType, ...] | None = None,
 ) -> list[FaultSpec]:
     """``spec.count`` faults on random targets, starting after the warm-up, seeded."""
     episodes = read_episodes(spec.path)
@@ -93,7 +100,9 @@ def sample_faults(
         start = round(rng.uniform(spec.warmup_s, latest), 1)
         node = rng.randrange(nodes)
         if kind is FaultKind.FLAPPING_XID:  # only some accelerator types report XIDs
-            xid_nodes = [i for i in range(nodes) if ACCELERATORS[node_type(i)].reports_xid]
+            xid_nodes = [
+                i for i in range(nodes) if ACCELERATORS[node_type(i, type_mix)].reports_xid
+            ]
             node = rng.choice(xid_nodes) if xid_nodes else node
         target = TargetSpec(node=node)
         params: dict[str, float] = {}

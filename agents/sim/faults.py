@@ -33,13 +33,18 @@ class ResolvedFault:
     rack_id: str | None = None
     region: str | None = None
     model: str | None = None
+    accelerator_type: str | None = None
 
     @property
     def target(self) -> str:
-        """The narrowest thing hit: a device, node or rack; else a model (in a region)."""
+        """The narrowest thing hit: a device, node or rack; else a model or an accelerator
+        type (in a region)."""
         for part in (self.device_uuid, self.node_id, self.rack_id):
             if part:
                 return part
+        if self.accelerator_type:
+            where = f"{self.accelerator_type}/{self.model}" if self.model else self.accelerator_type
+            return f"{where}@{self.region}" if self.region else where
         if self.model:
             return f"{self.model}@{self.region}" if self.region else self.model
         return self.region or "fleet"
@@ -60,6 +65,7 @@ class ActiveFaults:
     trip_after_s: dict[str, float] = field(default_factory=dict)
     inlet_rise: dict[str, float] = field(default_factory=dict)
     resistance: dict[str, float] = field(default_factory=dict)
+    brake: dict[str, float] = field(default_factory=dict)  # rack -> clock ratio held to
     spikes: list[tuple[str | None, str, float]] = field(default_factory=list)
     cold: list[tuple[str, str | None, float]] = field(default_factory=list)
 
@@ -72,6 +78,16 @@ class ActiveFaults:
 
     def cold_rps(self, model: str, region: str) -> float:
         return sum(rps for m, r, rps in self.cold if m == model and r in (None, region))
+
+
+def _in_cohort(rollout: ResolvedFault, kind: str, model: str | None, region: str) -> bool:
+    """Whether a device of ``kind`` serving ``model`` in ``region`` is in the cohort a
+    rollout targets (every criterion it names)."""
+    return (
+        (rollout.accelerator_type is None or rollout.accelerator_type == kind)
+        and (rollout.model is None or rollout.model == model)
+        and (rollout.region is None or rollout.region == region)
+    )
 
 
 class FaultClock:
@@ -118,7 +134,17 @@ class FaultClock:
                 raise ScenarioError(f"{fid}: unknown region {t.region!r}; known: {REGIONS}")
             if t.model is not None and t.model not in MODELS:
                 raise ScenarioError(f"{fid}: unknown model {t.model!r}; known: {sorted(MODELS)}")
-            out.append(ResolvedFault(fid, spec, node_id, device_uuid, rack_id, t.region, t.model))
+            kinds = sorted(k.value for k in ACCELERATORS)
+            if t.accelerator_type is not None and t.accelerator_type not in kinds:
+                raise ScenarioError(
+                    f"{fid}: unknown accelerator type {t.accelerator_type!r}; known: {kinds}"
+                )
+            out.append(
+                ResolvedFault(
+                    fid, spec, node_id, device_uuid, rack_id, t.region, t.model,
+                    t.accelerator_type,
+                )
+            )  # fmt: skip
         self.resolved = out
 
     def active(self, t_s: float, fleet: Fleet) -> ActiveFaults:
@@ -132,6 +158,10 @@ class FaultClock:
                 node = fleet.node(f.node_id or "")
                 if node is not None:  # devices lost to heat are swapped when cooling is fixed
                     a.repaired.update(d.uuid for d in node.devices if d.lost)
+            if s.end_s <= t_s < s.end_s + dt and s.kind is FaultKind.INLET_HEAT:
+                for node in fleet.nodes:  # and when the air is cool again
+                    if node.rack_id == f.rack_id:
+                        a.repaired.update(d.uuid for d in node.devices if d.lost)
             if not s.start_s <= t_s < s.end_s:
                 continue
             k, p = s.kind, s.param
@@ -159,6 +189,18 @@ class FaultClock:
                 a.spikes.append((f.model, f.region, p("factor")))
             elif k is FaultKind.COLD_MODEL and f.model:
                 a.cold.append((f.model, f.region, p("rps")))
+            elif k is FaultKind.ROLLOUT_SLOWDOWN:
+                for dev in fleet.devices.values():
+                    if _in_cohort(f, dev.spec.kind.value, dev.model, dev.node.region):
+                        before = a.slowdown.get(dev.uuid, 0.0)  # slowdowns compound
+                        a.slowdown[dev.uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
+            elif k is FaultKind.POWER_BRAKE and f.rack_id:
+                a.brake[f.rack_id] = min(a.brake.get(f.rack_id, 1.0), p("clock_ratio"))
+            elif k is FaultKind.INLET_HEAT and f.rack_id:
+                for node in fleet.nodes:
+                    if node.rack_id == f.rack_id:
+                        rise = a.inlet_rise.get(node.node_id, 0.0) + p("inlet_rise_celsius")
+                        a.inlet_rise[node.node_id] = rise
         return a
 
     def record(self, *, t_s: float, what: str, target: str, **detail: float) -> None:
@@ -182,6 +224,7 @@ class FaultClock:
                     "rack_id": f.rack_id,
                     "region": f.region,
                     "model": f.model,
+                    "accelerator_type": f.accelerator_type,
                     "start_at": (start + timedelta(seconds=s.start_s)).isoformat(),
                     "end_at": (start + timedelta(seconds=s.end_s)).isoformat(),
                     "start_s": s.start_s,

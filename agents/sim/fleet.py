@@ -42,7 +42,7 @@ from agents.sim.hardware import (
     SERVED_AT_START,
     node_type,
 )
-from agents.sim.scenario import FleetSpec
+from agents.sim.scenario import FleetSpec, ScenarioError
 from agents.sim.state import (
     INLET_CELSIUS,
     AdminState,
@@ -52,7 +52,12 @@ from agents.sim.state import (
     RouterTable,
 )
 from schemas.base import AcceleratorType
-from schemas.dcgm import CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_SW_POWER_CAP
+from schemas.dcgm import (
+    CLOCKS_HW_POWER_BRAKE,
+    CLOCKS_HW_SLOWDOWN,
+    CLOCKS_HW_THERMAL,
+    CLOCKS_SW_POWER_CAP,
+)
 
 NODES_PER_RACK = 4
 RACKS_PER_POD = 2
@@ -100,10 +105,16 @@ class Fleet:
 
     def _place(self, spec: FleetSpec) -> None:
         served = spec.devices_per_node - min(spec.spare_devices_per_node, spec.devices_per_node - 1)
+        unknown = sorted({k.value for k in spec.type_mix or ()} - {k.value for k in ACCELERATORS})
+        if unknown:
+            raise ScenarioError(
+                f"fleet.type_mix: the simulator models no {unknown}; "
+                f"it models {sorted(k.value for k in ACCELERATORS)}"
+            )
         for i in range(spec.nodes):
             rack = i // NODES_PER_RACK
             pod = rack // RACKS_PER_POD
-            kind = node_type(i)
+            kind = node_type(i, spec.type_mix)
             node = Node(
                 f"node-{i:05d}",
                 i,
@@ -301,7 +312,9 @@ class Fleet:
             dev.power_watts = 0.0
             return
         health = dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
-        dev.clock_ratio = min(dev.clock_ceiling, dev.cap_clock)
+        dev.clock_ratio = min(
+            dev.clock_ceiling, dev.cap_clock, active.brake.get(dev.node.rack_id, 1.0)
+        )
         if dev.model is None or not dev.serving(at_s):
             loading = dev.model is not None
             dev.busy_ratio = 0.3 if loading else 0.0
@@ -382,6 +395,8 @@ class Fleet:
             dev.thermal_clock = min(1.0, dev.thermal_clock + 0.05 * dt)
         if dev.thermal_clock < 1.0:
             reasons |= CLOCKS_HW_SLOWDOWN
+        if active.brake.get(dev.node.rack_id, 1.0) < 1.0:  # the rack asserts the brake
+            reasons |= CLOCKS_HW_SLOWDOWN | CLOCKS_HW_POWER_BRAKE
         dev.throttle_reasons = reasons
         if dev.temp_celsius >= hw.shutdown_celsius:
             dev.lost = True

@@ -207,9 +207,11 @@ TYPE_MIX = (
 )
 
 
-def node_type(index: int) -> AcceleratorType:
-    """Accelerator type of the node at ``index``: types cycle through ``TYPE_MIX``."""
-    return TYPE_MIX[index % len(TYPE_MIX)]
+def node_type(index: int, mix: tuple[AcceleratorType, ...] | None = None) -> AcceleratorType:
+    """Accelerator type of the node at ``index``: types cycle through ``mix`` (by default
+    ``TYPE_MIX``; a type named twice is twice as common)."""
+    mix = mix or TYPE_MIX
+    return mix[index % len(mix)]
 
 
 CLOCK_LOW_FACTOR = 0.7  # clock ratio in low-clock mode

@@ -29,8 +29,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas.base import AcceleratorType
 
-class _Closed(BaseModel):
+
+class Closed(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
@@ -43,10 +45,15 @@ class FaultKind(StrEnum):
     NODE_CRASH = "node_crash"  # heartbeats and telemetry stop
     DEMAND_SPIKE = "demand_spike"  # regional demand multiplies
     COLD_MODEL = "cold_model"  # demand for a model loaded nowhere
+    # conditions shared by many devices, none of them faulty: nothing to isolate
+    ROLLOUT_SLOWDOWN = "rollout_slowdown"  # a driver/firmware rollout slows a type or model
+    POWER_BRAKE = "power_brake"  # a rack's power brake holds its devices' clocks down
+    INLET_HEAT = "inlet_heat"  # a rack's inlet air runs hot (a failed CRAH, a hot aisle)
 
 
 DEVICE_FAULTS = {FaultKind.ECC_STORM, FaultKind.GREY_SLOWDOWN, FaultKind.FLAPPING_XID}
 NODE_FAULTS = {FaultKind.THERMAL_RUNAWAY, FaultKind.NODE_CRASH}
+RACK_FAULTS = {FaultKind.PDU_OVERLOAD, FaultKind.POWER_BRAKE, FaultKind.INLET_HEAT}
 
 DEFAULT_PARAMS: dict[FaultKind, dict[str, float]] = {
     FaultKind.ECC_STORM: {"lead_s": 300.0, "base_sbe_per_s": 0.01, "growth_per_s": 0.02},
@@ -57,10 +64,13 @@ DEFAULT_PARAMS: dict[FaultKind, dict[str, float]] = {
     FaultKind.NODE_CRASH: {},
     FaultKind.DEMAND_SPIKE: {"factor": 2.5},
     FaultKind.COLD_MODEL: {"rps": 5.0},
+    FaultKind.ROLLOUT_SLOWDOWN: {"slowdown_ratio": 0.1},
+    FaultKind.POWER_BRAKE: {"clock_ratio": 0.7},
+    FaultKind.INLET_HEAT: {"inlet_rise_celsius": 8.0},
 }
 
 
-class TargetSpec(_Closed):
+class TargetSpec(Closed):
     """What a fault hits: fleet indexes or ids; which are needed depends on the kind."""
 
     node: Annotated[int, Field(ge=0)] | None = None
@@ -68,9 +78,10 @@ class TargetSpec(_Closed):
     rack: Annotated[int, Field(ge=0)] | None = None
     region: str | None = None
     model: str | None = None
+    accelerator_type: str | None = None
 
 
-class FaultSpec(_Closed):
+class FaultSpec(Closed):
     kind: FaultKind
     target: TargetSpec = TargetSpec()
     start_s: Annotated[float, Field(ge=0)]
@@ -90,8 +101,17 @@ class FaultSpec(_Closed):
             raise ValueError(f"{self.kind.value} targets a device: give target.node and .device")
         if self.kind in NODE_FAULTS and t.node is None:
             raise ValueError(f"{self.kind.value} targets a node: give target.node")
-        if self.kind is FaultKind.PDU_OVERLOAD and t.rack is None:
-            raise ValueError("pdu_overload targets a rack: give target.rack")
+        if self.kind in RACK_FAULTS and t.rack is None:
+            raise ValueError(f"{self.kind.value} targets a rack: give target.rack")
+        if (
+            self.kind is FaultKind.ROLLOUT_SLOWDOWN
+            and t.accelerator_type is None
+            and (t.model is None)
+        ):
+            raise ValueError(
+                "rollout_slowdown targets an accelerator type or a model (in a region): give "
+                "target.accelerator_type or target.model (and target.region)"
+            )
         if self.kind is FaultKind.DEMAND_SPIKE and t.region is None:
             raise ValueError("demand_spike targets a region: give target.region")
         if self.kind is FaultKind.COLD_MODEL and t.model is None:
@@ -108,7 +128,7 @@ class FaultSpec(_Closed):
         return self.start_s + self.duration_s
 
 
-class DemandSpec(_Closed):
+class DemandSpec(Closed):
     kind: Literal["synthetic", "rate-csv", "azure-llm"] = "synthetic"
     path: Path | None = None
     model: str | None = Field(None, description="azure-llm: the model the trace drives")
@@ -131,7 +151,7 @@ class DemandSpec(_Closed):
         return self
 
 
-class FleetSpec(_Closed):
+class FleetSpec(Closed):
     nodes: Annotated[int, Field(ge=1)] = 10
     devices_per_node: Annotated[int, Field(ge=1, le=16)] = 8
     seed: int = 7
@@ -139,9 +159,12 @@ class FleetSpec(_Closed):
     probe_every_s: Annotated[float, Field(gt=0)] = 10.0
     spare_devices_per_node: Annotated[int, Field(ge=0)] = 2
     heartbeat_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    type_mix: tuple[AcceleratorType, ...] | None = Field(
+        None, min_length=1, description="node types, cycled over the nodes (default: all five)"
+    )
 
 
-class SampleSpec(_Closed):
+class SampleSpec(Closed):
     path: Path
     count: Annotated[int, Field(ge=1)] = 6
     seed: int = 1
@@ -149,7 +172,31 @@ class SampleSpec(_Closed):
     warmup_s: Annotated[float, Field(ge=0)] = 60.0
 
 
-class Scenario(_Closed):
+class NoiseSpec(Closed):
+    """What the telemetry path does to the agents' events on their way to the pipeline."""
+
+    drop_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="each event lost with this probability"
+    )
+    duplicate_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="each event delivered twice with this probability"
+    )
+    skewed_nodes_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="nodes whose clock is off (their events' observed_at)"
+    )
+    clock_skew_s: Annotated[float, Field(ge=0, le=60)] = Field(
+        0.0, description="a skewed node's clock is off by up to this, either way"
+    )
+    delayed_nodes_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="nodes on a lagging partition: their events arrive late"
+    )
+    delay_s: Annotated[float, Field(ge=0, le=600)] = Field(
+        0.0, description="how late a lagging partition's events arrive"
+    )
+    seed: int = 11
+
+
+class Scenario(Closed):
     name: str = "steady"
     description: str = ""
     duration_s: Annotated[float, Field(gt=0)] | None = None
@@ -157,6 +204,7 @@ class Scenario(_Closed):
     demand: DemandSpec = DemandSpec()
     faults: tuple[FaultSpec, ...] = ()
     sample_faults: SampleSpec | None = None
+    noise: NoiseSpec = NoiseSpec()
 
 
 class ScenarioError(ValueError):

@@ -20,6 +20,7 @@ from agents.sim.fault_mix import sample_faults
 from agents.sim.faults import FaultClock
 from agents.sim.fleet import NODES_PER_RACK, Fleet
 from agents.sim.hardware import SERVED_AT_START
+from agents.sim.noise import TelemetryNoise
 from agents.sim.scenario import DemandSpec, Scenario
 from agents.sim.telemetry import Record, TelemetryBuilder
 
@@ -67,6 +68,7 @@ class Simulation:
                 devices_per_node=spec.devices_per_node,
                 racks=racks,
                 horizon_s=horizon,
+                type_mix=spec.type_mix,
             )
         self.faults = FaultClock(faults)
         self.fleet = Fleet(
@@ -79,6 +81,7 @@ class Simulation:
         )
         self.faults.bind(self.fleet)
         self.telemetry = TelemetryBuilder(self.fleet, seed=spec.seed)
+        self.noise = TelemetryNoise(scenario.noise, [n.node_id for n in self.fleet.nodes])
 
     @property
     def now(self) -> datetime:
@@ -96,10 +99,11 @@ class Simulation:
         return None if d is None else max(1, round(d / self.fleet.interval_s))
 
     def tick(self, tick: int) -> list[Record]:
-        """Advance one step and return its telemetry (``tick`` is informational)."""
+        """Advance one step and return its telemetry as the pipeline receives it (the
+        scenario's noise applied; ``tick`` is informational)."""
         del tick
         self.fleet.step()
-        return self.telemetry.events()
+        return self.noise.apply(self.telemetry.events(), t_s=self.fleet.t_s)
 
     def write_truth(self, path: Path) -> None:
         self.faults.write_truth(path, self.fleet.start)

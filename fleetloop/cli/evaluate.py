@@ -7,12 +7,42 @@ import json
 from pathlib import Path
 
 from fleetloop.cli.flags import settings_from
-from fleetloop.settings import BrokerSettings, ConnectionSettings
+from fleetloop.settings import REPO_ROOT, BrokerSettings, ConnectionSettings
+
+
+def family_path(name: str) -> Path:
+    """A family's file: a path, or the name of one in ``scenarios/families``."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        return path
+    return REPO_ROOT / "scenarios" / "families" / f"{name}.yaml"
 
 
 def _cmd_eval_faults(args: argparse.Namespace) -> int:
-    from evaluations.faults import EvalRun, format_score, run_eval_faults, run_in_process
+    from agents.sim.family import parse_seeds
+    from evaluations.faults import (
+        EvalRun,
+        format_family,
+        format_score,
+        run_eval_faults,
+        run_family,
+        run_in_process,
+    )
 
+    if (args.family is None) == (args.scenario is None):
+        raise SystemExit("eval faults: give --scenario FILE or --family NAME --seeds A-B")
+    if args.family is not None:
+        connection = ConnectionSettings()
+        result = run_family(
+            family_path(args.family),
+            parse_seeds(args.seeds or "1-5"),
+            live=not args.in_process,
+            speed=args.speed,
+            broker_settings=settings_from(BrokerSettings, args),
+            bootstrap=connection.kafka_bootstrap if connection.broker_given else None,
+        )
+        print(json.dumps(result, sort_keys=True) if args.json else format_family(result))
+        return 0
     run = EvalRun(Path(args.scenario), speed=args.speed, nodes=args.nodes)
     if args.in_process:
         summary = run_in_process(run).summary()
@@ -98,7 +128,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     faults = evals.add_parser(
         "faults", help="inject a scenario's faults into the full pipeline; score health"
     )
-    faults.add_argument("--scenario", required=True, help="scenario file with duration_s")
+    faults.add_argument("--scenario", help="scenario file with duration_s")
+    faults.add_argument(
+        "--family", help="a scenario family (scenarios/families/NAME.yaml, or a file)"
+    )
+    faults.add_argument(
+        "--seeds", help="the family's seeds to draw, e.g. 1-5 or 101-120,130 (default 1-5)"
+    )
     faults.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s")
     faults.add_argument("--nodes", type=int, help="override the scenario's node count")
     faults.add_argument("--json", action="store_true", help="one JSON object on stdout")
