@@ -37,7 +37,7 @@ from enum import IntEnum, StrEnum
 
 from controllers.guardrail import Guardrail, GuardReason, Proposal
 from schemas.commands import RouteAction
-from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Level, Verdict
 
 
 class Rung(IntEnum):
@@ -65,6 +65,7 @@ class LadderReason(StrEnum):
     HARD_FAULT = "hard_fault"
     DEGRADING = "degrading"
     RECOVERED = "recovered"
+    COMMON_MODE = "common_mode"  # a group's devices deviate together: no device isolated
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,10 @@ class IsolationLadder:
 
     def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:
         """A new verdict arrived; returns the steps it causes (maybe none). A verdict older
-        than the device's last one changes nothing."""
+        than the device's last one changes nothing; a group's verdict (common mode) moves no
+        device (:func:`planning.isolation.attribute` records it)."""
+        if verdict.level is not Level.DEVICE:
+            return []
         self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
         self.guard.observe(verdict.observed_at)
         d = self.devices.get(verdict.device_uuid)

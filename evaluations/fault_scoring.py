@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
+from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
 
 HEALTH_FAULTS = {
     "ecc_storm",
@@ -55,6 +55,32 @@ class Fault:
     start: datetime
     end: datetime
     devices: frozenset[str]
+    scopes: frozenset[str] = frozenset()  # the node or rack a group's verdict may name
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A fault or a shared condition as the groups it may explain: a group verdict (common
+    mode, :class:`~schemas.verdicts.Level`) is explained when one of these covers its scope
+    while it is active."""
+
+    kind: str
+    start: datetime
+    end: datetime
+    scopes: frozenset[str]  # node and rack ids it covers
+    names: frozenset[str] = frozenset()  # cohort names (a type, a model) it slows
+    region: str | None = None  # the cohorts' region (None: every region)
+
+    def covers(self, scope: str) -> bool:
+        if scope in self.scopes:
+            return True
+        name, at, region = scope.partition("@")
+        if not at:
+            return False
+        in_region = self.region is None or region == self.region
+        if self.kind == "demand_spike":
+            return in_region
+        return name in self.names and in_region
 
 
 @dataclass(slots=True)
@@ -71,6 +97,8 @@ class FaultScore:
     missed: list[str] = field(default_factory=list)
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
+    group_detections: int = 0
+    group_unexplained: list[str] = field(default_factory=list)
     isolation_latency_s: list[float] = field(default_factory=list)
     verdict_latency_s: list[float] = field(default_factory=list)  # event -> verdict on broker
     actions: dict[str, int] = field(default_factory=dict)
@@ -112,6 +140,8 @@ class FaultScore:
             "missed": self.missed,
             "false_detections": self.false_detections,
             "false_isolation_causes": self.false_isolation_causes,
+            "group_detections": self.group_detections,
+            "group_detections_unexplained": self.group_unexplained,
             "actions": self.actions,
             "refusals": self.refusals,
         }
@@ -148,12 +178,16 @@ def faults_from_truth(
     for r in rows:
         if r.get("record") != "fault" or r["kind"] not in HEALTH_FAULTS:
             continue
+        scopes: frozenset[str] = frozenset()
         if r["device_uuid"]:
             devices = frozenset({r["device_uuid"]})
         elif r["node_id"]:
             devices = frozenset(d for d, (node, _) in layout.items() if node == r["node_id"])
+            scopes = frozenset({r["node_id"]})
         elif r["rack_id"] and r["rack_id"] in tripped:
-            devices = frozenset(d for d, (_, rack) in layout.items() if rack == r["rack_id"])
+            on_rack = {d: node for d, (node, rack) in layout.items() if rack == r["rack_id"]}
+            devices = frozenset(on_rack)
+            scopes = frozenset({r["rack_id"], *on_rack.values()})
         else:
             continue  # an overload that never tripped its breaker harmed no device
         out.append(
@@ -163,6 +197,39 @@ def faults_from_truth(
                 datetime.fromisoformat(r["start_at"]),
                 datetime.fromisoformat(r["end_at"]),
                 devices,
+                scopes,
+            )
+        )
+    return out
+
+
+def conditions_from_truth(
+    rows: Iterable[Mapping[str, Any]], layout: Mapping[str, tuple[str, str]]
+) -> list[Condition]:
+    """Every fault and shared condition of the truth file as the groups it covers: a node
+    fault its node, a rack's its rack and the rack's nodes, a rollout its cohorts (a type or
+    a model, in a region or all), a demand surge its region's cohorts."""
+    racks: dict[str, set[str]] = defaultdict(set)
+    for node, rack in layout.values():
+        racks[rack].add(node)
+    out = []
+    for r in rows:
+        if r.get("record") != "fault":
+            continue
+        scopes: set[str] = set()
+        if r["node_id"] and not r["device_uuid"]:
+            scopes.add(r["node_id"])
+        if r["rack_id"]:
+            scopes |= {r["rack_id"], *racks.get(r["rack_id"], ())}
+        names = {n for n in (r.get("accelerator_type"), r.get("model")) if n}
+        out.append(
+            Condition(
+                r["kind"],
+                datetime.fromisoformat(r["start_at"]),
+                datetime.fromisoformat(r["end_at"]),
+                frozenset(scopes),
+                frozenset(names),
+                r.get("region"),
             )
         )
     return out
@@ -177,19 +244,17 @@ def score(
     *,
     observed_s: float,
     grace_s: float = 60.0,
+    conditions: list[Condition] | None = None,
 ) -> FaultScore:
     """Verdicts and decisions scored against the injected faults: detections, their
-    delays, false isolations. ``observed_s`` is how long the fleet ran."""
+    delays, false isolations. ``observed_s`` is how long the fleet ran. A group's verdict
+    (common mode) is no device's detection: it detects the node or rack fault it covers,
+    and is unexplained when no fault or condition (``conditions``) covers its group."""
     grace = timedelta(seconds=grace_s)
     verdicts = sorted(verdicts, key=lambda v: v.observed_at)
-    episodes: list[Verdict] = []
-    flagged: set[str] = set()
-    for v in verdicts:
-        if v.status in FLAGGED and v.device_uuid not in flagged:
-            flagged.add(v.device_uuid)
-            episodes.append(v)
-        elif v.status is HealthStatus.HEALTHY:
-            flagged.discard(v.device_uuid)
+    groups = [v for v in verdicts if v.level is not Level.DEVICE]
+    verdicts = [v for v in verdicts if v.level is Level.DEVICE]
+    episodes = _episodes(verdicts)
 
     def touching(device: str, at: datetime) -> list[Fault]:
         return [f for f in faults if device in f.devices and f.start <= at <= f.end + grace]
@@ -205,6 +270,18 @@ def score(
                 first.setdefault(f.fault_id, v.observed_at)
         else:
             false_detections.append(f"{v.device_uuid}@{v.observed_at:%H:%M:%S} {v.evidence[:80]}")
+    group_unexplained = []
+    group_episodes = _episodes(groups)
+    for v in group_episodes:
+        scope = v.scope or v.device_uuid
+        for f in faults:  # a node or rack fault its group's verdict names
+            if scope in f.scopes and f.start <= v.observed_at <= f.end + grace:
+                first.setdefault(f.fault_id, v.observed_at)
+        active = [c for c in conditions or [] if c.start <= v.observed_at <= c.end + grace]
+        if not any(c.covers(scope) for c in active):
+            group_unexplained.append(
+                f"{v.level.value} {scope}@{v.observed_at:%H:%M:%S} {v.attribution[:100]}"
+            )
     ttd: dict[str, list[float]] = defaultdict(list)
     missed = []
     for f in faults:
@@ -223,8 +300,8 @@ def score(
             refusals[d.reason] += 1
             continue
         actions[d.action] += 1
-        if d.action == "restore":
-            continue
+        if d.action in ("restore", "attribute"):
+            continue  # neither isolates a device
         if not touching(d.target, d.decided_at):
             false_isolations += 1
             causes.append(
@@ -236,7 +313,7 @@ def score(
             judged = (verdict_appended or {}).get(d.verdict_id) if d.verdict_id else None
             if judged is not None:
                 verdict_latency.append((judged - d.cause_appended_at).total_seconds())
-    devices = {v.device_uuid for v in verdicts}
+    devices = {v.device_uuid for v in verdicts}  # the device verdicts only
     return FaultScore(
         precision=true_detections / len(episodes) if episodes else 1.0,
         recall=(len(faults) - len(missed)) / len(faults) if faults else 1.0,
@@ -250,6 +327,8 @@ def score(
         missed=missed,
         false_detections=false_detections,
         false_isolation_causes=causes,
+        group_detections=len(group_episodes),
+        group_unexplained=group_unexplained,
         isolation_latency_s=latency,
         verdict_latency_s=verdict_latency,
         actions=dict(actions),
@@ -299,3 +378,16 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         for k in kinds
     }  # fmt: skip
     return out
+
+
+def _episodes(verdicts: list[Verdict]) -> list[Verdict]:
+    """The first flagged verdict of each subject after it was healthy, in time order."""
+    episodes: list[Verdict] = []
+    flagged: set[str] = set()
+    for v in verdicts:
+        if v.status in FLAGGED and v.device_uuid not in flagged:
+            flagged.add(v.device_uuid)
+            episodes.append(v)
+        elif v.status is HealthStatus.HEALTHY:
+            flagged.discard(v.device_uuid)
+    return episodes

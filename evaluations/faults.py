@@ -39,7 +39,13 @@ from agents.sim.family import draw_scenario, load_family
 from agents.sim.scenario import Scenario, load_scenario
 from agents.sim.simulation import Simulation
 from controllers.isolation import LadderDecision
-from evaluations.fault_scoring import FaultScore, aggregate, faults_from_truth, score
+from evaluations.fault_scoring import (
+    FaultScore,
+    aggregate,
+    conditions_from_truth,
+    faults_from_truth,
+    score,
+)
 from fleetloop.kafka_broker import LocalKafkaBroker, free_port
 from fleetloop.procs import get_json, spawn, stop_all, wait_for
 from fleetloop.settings import BrokerSettings, WorkerSettings
@@ -47,12 +53,12 @@ from fleetloop.sim import build_dispatcher
 from fleetloop.topics_admin import ensure_topics, read_topic
 from fleetloop.wiring import health_wiring
 from planning import isolation
-from planning.isolation import decide
+from planning.isolation import attribute, decide
 from schemas.codec import decode
 from schemas.commands import RouteCommand
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.topics import DECISIONS, ROUTE_COMMANDS, VERDICTS
-from schemas.verdicts import Decision, Verdict
+from schemas.verdicts import Decision, Level, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +168,7 @@ def run_eval_faults(
     with (home / "decisions.jsonl").open("w") as f:  # for a closer look after the run
         for d in decisions:
             f.write(d.model_dump_json() + "\n")
-    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts}
+    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts if v.level is Level.DEVICE}
     truth = [json.loads(line) for line in (home / "truth.jsonl").read_text().splitlines()]
     return score(
         faults_from_truth(truth, layout),
@@ -170,6 +176,7 @@ def run_eval_faults(
         decisions,
         appended,
         observed_s=scenario.duration_s,
+        conditions=conditions_from_truth(truth, layout),
     )
 
 
@@ -212,13 +219,16 @@ def run_scenario_in_process(
         out += detector.tick(sim.now)
         verdicts += out
         for v in out:
+            if (attributed := attribute(v, sim.now)) is not None:
+                decisions.append(attributed.decision)
             act(ladder.verdict(v, now=sim.now))
         act(ladder.tick(sim.now))
     truth = json.loads(json.dumps(sim.faults.truth(sim.fleet.start)))
-    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts}
+    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts if v.level is Level.DEVICE}
     return score(
-        faults_from_truth(truth, layout), verdicts, decisions, {}, observed_s=scenario.duration_s
-    )
+        faults_from_truth(truth, layout), verdicts, decisions, {},
+        observed_s=scenario.duration_s, conditions=conditions_from_truth(truth, layout),
+    )  # fmt: skip
 
 
 def run_family(
@@ -267,12 +277,13 @@ def format_family(result: dict[str, Any]) -> str:
     aggregates."""
     lines = [f"fault detection on the {result['family']} family, seeds {result['seeds']}", ""]
     head = f"{'seed':>6}{'precision':>11}{'recall':>8}{'false iso':>10}{'per 1k dd':>11}"
-    lines.append(head + f"{'ttd p95 s':>11}  missed / false isolations")
+    lines.append(head + f"{'ttd p95 s':>11}  missed / false isolations / groups (unexplained)")
     for seed, s in result["per_seed"].items():
         lines.append(
             f"{seed:>6}{s['precision']:>11}{s['recall']:>8}{s['false_isolations']:>10}"
             f"{s['false_isolations_per_1k_device_days']:>11}{s['ttd_p95_s']!s:>11}  "
-            f"{len(s['missed'])} / {len(s['false_isolation_causes'])}"
+            f"{len(s['missed'])} / {len(s['false_isolation_causes'])} / "
+            f"{s['group_detections']} ({len(s['group_detections_unexplained'])})"
         )
     for label in ("aggregate", "aggregate_held_out"):
         agg = result[label]
@@ -304,12 +315,14 @@ def format_score(name: str, summary: dict[str, Any]) -> str:
         "false_isolations", "device_days", "false_isolations_per_1k_device_days",
         "ttd_p50_s", "ttd_p95_s", "hard_fault_latencies_measured", "hard_fault_verdict_p50_s",
         "hard_fault_verdict_p99_s", "hard_fault_isolation_p50_s", "hard_fault_isolation_p99_s",
+        "group_detections",
     ):  # fmt: skip
         lines.append(f"{key:<38}{summary[key]}")
     lines.append(f"{'actions':<38}{summary['actions']}")
     lines.append(f"{'guardrail refusals':<38}{summary['refusals']}")
     lines += [f"missed: {item}" for item in summary["missed"]]
     lines += [f"false isolation: {item}" for item in summary["false_isolation_causes"]]
+    lines += [f"unexplained group: {item}" for item in summary["group_detections_unexplained"]]
     shown = summary["false_detections"][:20]
     lines += [f"false detection: {item}" for item in shown]
     if len(summary["false_detections"]) > len(shown):

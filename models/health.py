@@ -66,6 +66,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from models.attribution import GROUPS_OF, CommonMode, GroupJudgement, Shared
 from models.cohort import Cohorts
 from models.health_state import (
     DeviceState,
@@ -81,7 +82,7 @@ from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
 from schemas.envelopes import AcceleratorSample, AnyAcceleratorSample, AnyServingSample
 from schemas.events import AcceleratorTelemetry, NodeHealth, ProbeKind
-from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Verdict
+from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Level, Verdict
 
 LOST, QUIET = SILENCE_SIGNALS
 
@@ -104,6 +105,7 @@ class HealthDetector:
         self.devices: dict[str, DeviceState] = {}
         self.node_devices: dict[str, list[str]] = {}  # node -> its devices, as first seen
         self.nodes: dict[str, float] = {}  # node -> newest heartbeat (epoch s)
+        self.node_seen: dict[str, float] = {}  # node -> its newest heartbeat's own time
         self.nodes_wall: dict[str, float] = {}  # node -> when it arrived (processing time)
         self.node_source: dict[str, Hashable] = {}
         self.watermarks: dict[Hashable, float] = {}  # source -> newest event time read from it
@@ -113,6 +115,24 @@ class HealthDetector:
         self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
         self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
         self.thermal_fit: dict[AcceleratorType, EwRegression] = {}
+        c = self.config
+        floors = {
+            "thermal_resid_celsius": c.thermal_margin_celsius,
+            "tpot_vs_peers_log": math.log1p(c.tpot_margin_ratio),
+            "probe_gap": c.probe_margin_ratio,
+            "xid_flaps": float(c.xid_flap_count),
+        }
+        self.common = CommonMode(
+            self._reading_of, floors, sustain_s=c.sustain_s, verdict_interval_s=c.verdict_interval_s
+        )
+
+    def _place(self, device_uuid: str, device: DeviceState) -> None:
+        """Its groups: what a deviation it shares may belong to (:mod:`models.attribution`)."""
+        self.common.place(device_uuid, "node", device.node_id)
+        self.common.place(device_uuid, "rack", device.rack_id)
+        self.common.place(device_uuid, "type", f"{device.kind.value}@{device.region}")
+        if device.model:
+            self.common.place(device_uuid, "model", f"{device.model}@{device.region}")
 
     def adopt(self, device_uuid: str, device: DeviceState) -> bool:
         """Take up a device's record a previous process kept (:mod:`models.health_memory`),
@@ -124,6 +144,7 @@ class HealthDetector:
         members = self.node_devices.setdefault(device.node_id, [])
         if device_uuid not in members:
             members.append(device_uuid)
+        self._place(device_uuid, device)
         return True
 
     def release(self, owned: Callable[[Hashable], bool]) -> int:
@@ -134,10 +155,13 @@ class HealthDetector:
         gone = [u for u, d in self.devices.items() if d.source is not None and not owned(d.source)]
         for device_uuid in gone:
             del self.devices[device_uuid]
+        self.common.forget(gone)
         nodes = [n for n, s in self.node_source.items() if not owned(s)]
         nodes += [n for n, members in self.node_devices.items() if set(members) <= set(gone)]
         for node in set(nodes):
-            for table in (self.nodes, self.nodes_wall, self.node_source, self.node_devices):
+            tables = (self.nodes, self.nodes_wall, self.node_source, self.node_devices,
+                      self.node_seen)  # fmt: skip
+            for table in tables:
                 table.pop(node, None)
             self.lost_nodes.discard(node)
         for source in [s for s in self.watermarks if not owned(s)]:
@@ -181,7 +205,14 @@ class HealthDetector:
                 sample.node_id, sample.region, sample.rack_id, sample.accelerator_type
             )
             self.node_devices.setdefault(sample.node_id, []).append(sample.device_uuid)
-        dt, d.seen_s, d.live_s, d.source = t - d.seen_s, t, broker, source
+            self._place(sample.device_uuid, d)
+        # a copy (a producer's retry) or a sample older than the last (a lagging partition,
+        # a skewed clock) says nothing new of rates and trends: only its hard evidence counts
+        fresh = t > d.seen_s
+        dt = t - d.seen_s
+        if fresh:
+            d.seen_s = t
+        d.live_s, d.source = max(d.live_s, broker), source
         if sample.sm_clock_mhz is not None and sample.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, sample.sm_clock_mhz)
             d.clock_ratio = sample.sm_clock_mhz / d.clock_max_mhz
@@ -197,9 +228,10 @@ class HealthDetector:
         # counter: every later sample repeats it), or a fatal XID raised in its interval
         own = d.dbe > 0 or (sample.xid_last or 0) in FATAL_XIDS
         d.hard_seen, d.hard_at_s = _confirmed(d.hard_seen, d.hard_at_s, own, broker, c)
-        if sample.ecc_sbe_volatile_total is not None:
-            self._ecc(d, sample.ecc_sbe_volatile_total, t)
-        self._thermal(d, sample, dt)
+        if fresh:
+            if sample.ecc_sbe_volatile_total is not None:
+                self._ecc(d, sample.ecc_sbe_volatile_total, t)
+            self._thermal(d, sample, dt)
         return self._judge(sample.device_uuid, d, t, sample.event_id, appended_at)
 
     def serving(
@@ -222,6 +254,12 @@ class HealthDetector:
             return []
         c = self.config
         t, _ = self._times(metrics.observed_at, appended_at)
+        if t <= d.served_s:  # a copy, or older than what it judged: nothing new
+            return []
+        d.served_s = t
+        if metrics.model != d.model:
+            d.model = metrics.model
+            self.common.place(device, "model", f"{metrics.model}@{d.region}")
         if t - d.tpot_seen_s > c.tpot_stale_s:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
@@ -248,7 +286,9 @@ class HealthDetector:
                 limit = math.log1p(c.history_max_ratio)
                 d.tpot_history += a * (d.tpot_fast - d.tpot_history)
                 d.tpot_history = min(max(d.tpot_history, -limit), limit)
-        if not over:
+        # the cohort learns what is normal for it now: not a device's own slowness, but a
+        # slowness its groups share (a rollout on its type or model) is the cohort's
+        if not over or self._shared(device, d, "tpot_vs_peers_log", t):
             self.tpot_peers.learn(key, x, device)
         return self._judge(device, d, t, metrics.event_id, appended_at)
 
@@ -262,7 +302,10 @@ class HealthDetector:
     ) -> list[Verdict]:
         t, broker = self._times(health.observed_at, appended_at)
         self._advance(source, broker)
-        self.nodes[health.node_id] = broker
+        fresh = t > self.node_seen.get(health.node_id, -math.inf)
+        if fresh:  # a copy or an older heartbeat: alive, but its probes were counted already
+            self.node_seen[health.node_id] = t
+        self.nodes[health.node_id] = max(self.nodes.get(health.node_id, broker), broker)
         self.node_source[health.node_id] = source
         if received_s is not None:
             self.nodes_wall[health.node_id] = received_s
@@ -270,7 +313,7 @@ class HealthDetector:
         if health.node_id in self.lost_nodes:
             self.lost_nodes.discard(health.node_id)
         touched: set[str] = set()
-        for p in health.probes:
+        for p in health.probes if fresh else ():
             d = self.devices.get(p.device_uuid or "")
             if d is None or p.probe is not ProbeKind.GEMM:
                 continue
@@ -290,7 +333,7 @@ class HealthDetector:
                     self.config.probe_margin_ratio, self.config.peer_z * peer.sigma
                 )
             d.probe_slow = d.probe_slow + 1 if slow else 0
-            if not slow:
+            if not slow or self._shared(p.device_uuid or "", d, "probe_slow", t):
                 self.probe_peers.learn(d.kind, x, p.device_uuid)
         for device_uuid in self.node_devices.get(health.node_id, ()):
             d = self.devices[device_uuid]
@@ -315,6 +358,7 @@ class HealthDetector:
         for node in sorted(newly):
             for device_uuid in self.node_devices.get(node, ()):
                 out.extend(self._judge(device_uuid, self.devices[device_uuid], t, None, None))
+        out.extend(self._group_verdict(j, t) for j in self.common.judge(t))
         return out
 
     def _times(self, observed_at: datetime, appended_at: datetime | None) -> tuple[float, float]:
@@ -419,6 +463,41 @@ class HealthDetector:
 
     # -- judgement ------------------------------------------------------------------------
 
+    def _soft(self, device: DeviceState, name: str, at_s: float) -> Reading | None:
+        """One of the soft signals a group may share, as ``device`` reads now (None: it has
+        no current reading of it)."""
+        c = self.config
+        if name == "thermal_resid_celsius":
+            value, threshold = device.temp_resid, self._thermal_threshold(device)
+            if device.thermal_hot:
+                value = max(value, threshold)
+            return Reading(name=name, value=value, threshold=threshold)
+        if name == "tpot_vs_peers_log":
+            if at_s - device.tpot_seen_s > c.tpot_stale_s or device.tpot_n <= c.warmup_samples:
+                return None
+            return Reading(name, self._tpot_excess(device), self._tpot_threshold(device))
+        if name == "probe_slow":
+            return Reading(name=name, value=device.probe_slow, threshold=2)
+        if name == "probe_gap":  # what a slow probe is slow by (the group's measure)
+            return Reading(name=name, value=device.probe_gap, threshold=c.probe_margin_ratio)
+        return Reading(name=name, value=len(device.xid_times), threshold=c.xid_flap_count)
+
+    def _shared(self, device_uuid: str, device: DeviceState, name: str, at_s: float) -> bool:
+        """Whether ``device``'s ``name``, over its threshold, is a deviation its groups share."""
+        if not self.config.common_mode:
+            return False
+        reading = self._soft(device, name, at_s)
+        return reading is not None and self.common.explain(device_uuid, reading, at_s) is not None
+
+    def _reading_of(self, device_uuid: str, name: str, at_s: float) -> Reading | None:
+        """A group member's current reading of ``name`` (none from a device gone quiet)."""
+        device = self.devices.get(device_uuid)
+        if device is None or at_s - device.seen_s > self.config.tpot_stale_s:
+            return None
+        if device.status is HealthStatus.FAILED:
+            return None  # a failed device's readings say nothing about its group
+        return self._soft(device, name, at_s)
+
     def signals(self, device: DeviceState, at_s: float) -> tuple[list[Reading], list[Reading]]:
         """(hard signals firing, soft signals evaluated), each as value against threshold:
         plain readings, made into verdict signals only when a verdict is emitted."""
@@ -449,23 +528,10 @@ class HealthDetector:
         if device.ecc_rate_per_s >= c.ecc_dying_per_s:
             ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
         soft.append(Reading(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
-        thermal = device.temp_resid
-        threshold = self._thermal_threshold(device)
-        if device.thermal_hot:
-            thermal = max(thermal, threshold)
-        soft.append(Reading(name="thermal_resid_celsius", value=thermal, threshold=threshold))
-        if at_s - device.tpot_seen_s <= c.tpot_stale_s and device.tpot_n > c.warmup_samples:
-            soft.append(
-                Reading(
-                    name="tpot_vs_peers_log",
-                    value=self._tpot_excess(device),
-                    threshold=self._tpot_threshold(device),
-                )
-            )
-        soft.append(Reading(name="probe_slow", value=device.probe_slow, threshold=2))
-        soft.append(
-            Reading(name="xid_flaps", value=len(device.xid_times), threshold=c.xid_flap_count)
-        )
+        for name in GROUPS_OF:
+            reading = self._soft(device, name, at_s)
+            if reading is not None:
+                soft.append(reading)
         return hard, soft
 
     def _judge(
@@ -480,8 +546,18 @@ class HealthDetector:
         device.xid_times = [x for x in device.xid_times if at_s - x <= c.xid_flap_window_s]
         hard, soft = self.signals(device, at_s)
         over = []
+        shared: list[tuple[Reading, Shared]] = []
         for s in soft:
             if over_threshold(s):
+                group = (
+                    self.common.explain(device_uuid, s, at_s)
+                    if c.common_mode and s.name in GROUPS_OF
+                    else None
+                )
+                if group is not None:  # its group's, not its own (models.attribution)
+                    shared.append((s, group))
+                    device.since.pop(s.name, None)
+                    continue
                 over.append(s)
                 device.since.setdefault(s.name, at_s)
             else:
@@ -517,6 +593,12 @@ class HealthDetector:
         device.confirmed_emitted = confirmed
         shown = (hard + over) or soft
         evidence = "; ".join(describe(s, at_s - device.since.get(s.name, at_s)) for s in shown)
+        if shared:
+            attribution = "; ".join(group.describe(s) for s, group in shared)
+        elif over:
+            attribution = "its own: beyond its node and cohorts"
+        else:
+            attribution = ""
         return [
             Verdict(
                 verdict_id=self.new_id(),
@@ -534,8 +616,64 @@ class HealthDetector:
                 signals=tuple(finite(s) for s in (hard + soft)[:12]),
                 cause_event_id=cause,
                 cause_appended_at=appended_at,
+                attribution=attribution[:1024],
             )
         ]
+
+    def _group_verdict(self, judged: GroupJudgement, at_s: float) -> Verdict:
+        """A group's verdict: the group in ``device_uuid`` and ``scope``, its medians as
+        signals. Where the group spans more than one of a field (a rack's types, a cohort's
+        nodes), the field says ``*``."""
+        key = judged.key
+        members = [self.devices[u] for u in self.common.members.get(key, ()) if u in self.devices]
+        first = members[0] if members else None
+
+        def one(values: set[str]) -> str:
+            return values.pop() if len(values) == 1 else "*"
+
+        kinds = {m.kind for m in members}
+        kind = first.kind if first is not None else AcceleratorType.H100
+        region = one({m.region for m in members})
+        signals = tuple(
+            finite(Reading(name, g.median, self.common.floors[name]))
+            for name, g in judged.readings.items()
+        )
+        held = ", ".join(f"{name} for {for_s:.0f}s" for name, for_s in judged.over.items())
+        over = {n: g for n, g in judged.readings.items() if n in judged.over}
+        shares = "; ".join(
+            f"{n} median {g.median:.3g} ({g.over_share:.0%} of {g.members} over)"
+            for n, g in over.items()
+        )
+        why = {
+            Level.NODE: "a node's own cause (its cooling, inlet air, host or power)",
+            Level.RACK: "the rack's air or power",
+            Level.COHORT: "a cause shared by the cohort (a rollout, a driver, its demand)",
+        }[key.level]
+        attribution = (
+            f"{shares}: shared by its devices, attributed to {key.kind} {key.scope}, {why}"
+            if over
+            else f"{key.kind} {key.scope}: its devices no longer deviate together"
+        )
+        score = {HealthStatus.DYING: 0.75, HealthStatus.SUSPECT: 0.5}.get(judged.status, 0.0)
+        return Verdict(
+            verdict_id=self.new_id(),
+            observed_at=datetime.fromtimestamp(at_s, UTC),
+            device_uuid=key.scope,
+            node_id=key.scope if key.kind == "node" else one({m.node_id for m in members}),
+            region=region,
+            rack_id=one({m.rack_id for m in members}),
+            pool=pool_name(region, kind) if region != "*" and len(kinds) == 1 else "*",
+            accelerator_type=kind,
+            status=judged.status,
+            previous_status=judged.previous,
+            score=score,
+            evidence=(f"group over: {held}" if held else "group within its floors")[:1024],
+            signals=signals[:12],
+            level=key.level,
+            scope=key.scope,
+            attribution=attribution[:1024],
+            members=judged.members,
+        )
 
 
 def _confirmed(

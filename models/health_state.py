@@ -46,6 +46,9 @@ class HealthConfig:
     # bound commands get (MAX_CLOCK_SKEW_S); NTP keeps a host within milliseconds of it
     max_skew_s: float = MAX_CLOCK_SKEW_S
     confirm_gap_s: float = 1.0  # hard evidence confirmed: two samples this far apart
+    # a deviation most of a device's node, rack or cohort shares is the group's, not the
+    # device's (models.attribution); off, every device is judged alone against its peers
+    common_mode: bool = True
 
 
 @dataclass(slots=True)
@@ -91,6 +94,8 @@ class DeviceState:
     tpot_n: int = 0
     tpot_seen_s: float = -math.inf
     tpot_sigma: float = 0.0
+    model: str = ""  # the model it serves, as its serving metrics last said
+    served_s: float = -math.inf  # event time of the newest serving sample judged
     since: dict[str, float] = field(default_factory=dict)  # soft signal -> over since
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from controllers.guardrail import Guardrail, GuardrailConfig
-from controllers.isolation import IsolationLadder, LadderConfig, LadderDecision
+from controllers.isolation import IsolationLadder, LadderConfig, LadderDecision, LadderReason
 from models.health import HealthConfig, HealthDetector
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import ISOLATION
 from schemas.commands import RouteCommand, Target
-from schemas.verdicts import Decision, DecisionOutcome
+from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,41 @@ def decide(step: LadderDecision, now: datetime, wiring: HealthWiring) -> Output[
         applied=float(step.rung) if step.allowed else None,
     )
     return Output(decision, command)
+
+
+ATTRIBUTE = "attribute"
+"""The action of a decision that attributes a deviation to a group and isolates no device."""
+
+
+def attribute(verdict: Verdict, now: datetime) -> Output[RouteCommand] | None:
+    """A group's verdict (common mode) as the decision an SRE reads: what the group's devices
+    share, that no device of it is isolated for it, and when it is over. None for a device's
+    verdict, and for a group's that changes nothing worth a record (suspect, or healthy
+    after healthy)."""
+    if verdict.level is Level.DEVICE:
+        return None
+    flagged = verdict.status in (HealthStatus.DYING, HealthStatus.FAILED)
+    if not flagged and verdict.previous_status in (HealthStatus.HEALTHY, HealthStatus.SUSPECT):
+        return None
+    if flagged:
+        message = f"{verdict.attribution}; no device isolated for it, alert raised"
+    else:
+        message = f"{verdict.attribution}; alert cleared"
+    decision = Decision(
+        decision_id=uuid.uuid4(),
+        decided_at=now,
+        controller=ISOLATION.name,
+        target=verdict.scope or verdict.device_uuid,
+        pool=None if verdict.pool == "*" else verdict.pool,
+        rack_id=None if verdict.rack_id == "*" else verdict.rack_id,
+        action=ATTRIBUTE,
+        outcome=DecisionOutcome.ADVISORY,
+        reason=LadderReason.COMMON_MODE.value,
+        message=message[:1024],
+        verdict_id=verdict.verdict_id,
+        verdict_status=verdict.status,
+        cause_event_id=verdict.cause_event_id,
+        cause_observed_at=verdict.observed_at,
+        cause_appended_at=verdict.cause_appended_at,
+    )
+    return Output(decision, None)

@@ -38,6 +38,17 @@ class HealthStatus(StrEnum):
 
 SEVERITY: dict[HealthStatus, int] = {s: i for i, s in enumerate(HealthStatus)}
 
+
+class Level(StrEnum):
+    """What a verdict judges: one device, or a group whose devices deviate together (the
+    cause is shared: a node's cooling, a rack's air or power, a rollout on a cohort)."""
+
+    DEVICE = "device"
+    NODE = "node"
+    RACK = "rack"
+    COHORT = "cohort"  # an accelerator type, or a model, in a region
+
+
 Evidence = Annotated[float, Field(ge=-1e15, le=1e15)]
 """A signal's value or threshold: a rate, a duration, a temperature, a ratio, a count
 over a device's life; none comes near 1e15 (a forged 1e308 does)."""
@@ -70,7 +81,10 @@ class Signal(Contract):
 
 
 class Verdict(Contract):
-    """The health of one device as of ``observed_at`` (event time of its newest evidence)."""
+    """The health of one device as of ``observed_at`` (event time of its newest evidence),
+    or of a group (``level``) whose devices deviate together: then ``device_uuid`` and
+    ``scope`` name the group (a node id, a rack id, ``TYPE@region`` or ``model@region``),
+    and fields that do not apply to it say ``*``."""
 
     verdict_id: UUID
     observed_at: UtcDatetime
@@ -88,6 +102,14 @@ class Verdict(Contract):
     cause_event_id: UUID | None = Field(default=None, description="the event that settled it")
     cause_appended_at: UtcDatetime | None = Field(
         default=None, description="when that event reached the broker (its log timestamp)"
+    )
+    level: Level = Field(default=Level.DEVICE, description="what is judged: a device or a group")
+    scope: Identifier | None = Field(default=None, description="the group judged, if a group")
+    attribution: Annotated[str, Field(max_length=1024)] = Field(
+        default="", description="why this level: what the device or group deviates from"
+    )
+    members: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        default=None, description="a group's devices with a current reading"
     )
 
 

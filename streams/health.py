@@ -37,8 +37,9 @@ from controllers.clock import EventClock
 from controllers.isolation import IsolationLadder, LadderDecision
 from models.health_memory import recall, remember
 from planning import isolation
-from planning.isolation import HealthWiring, decide
+from planning.isolation import HealthWiring, attribute, decide
 from planning.isolation_state import IsolationJournal, resume
+from planning.issuing import Output
 from schemas.codec import DecodeError, decode, decode_samples, encode
 from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
@@ -54,7 +55,7 @@ from schemas.topics import (
     VERDICTS,
     TopicSpec,
 )
-from schemas.verdicts import HealthStatus, Verdict
+from schemas.verdicts import HealthStatus, Level, Verdict
 from streams.fatal import fail_stop
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
@@ -330,6 +331,7 @@ def _add_isolation(
         ladder = held.ladder or await resume_state()
         steps: list[LadderDecision] = []
         touched: set[str] = set()
+        groups: list[Output[Any]] = []
         for r in records:
             try:
                 v = decode(r.value, Verdict)
@@ -337,10 +339,16 @@ def _add_isolation(
                 metrics.skipped.inc()
                 continue
             held.clock.observe(v.observed_at, time.monotonic())
-            steps += ladder.verdict(v, now=held.clock.now(time.monotonic()))
+            now = held.clock.now(time.monotonic())
+            if v.level is not Level.DEVICE:  # a group's: recorded, no device moved
+                if (attributed := attribute(v, now)) is not None:
+                    groups.append(attributed)
+                continue
+            steps += ladder.verdict(v, now=now)
             touched.add(v.device_uuid)
         if held.clock.started:
             await publish(ladder, steps, touched, held.clock.now(time.monotonic()))
+        await outputs.publish(groups)
 
     async def isolate(records: list[Any]) -> None:
         # a failure here (state not written or not read) ends the process: the role loop

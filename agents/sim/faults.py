@@ -58,7 +58,8 @@ class ActiveFaults:
     repaired: set[str] = field(default_factory=set)  # device uuids swapped this step
     sbe_rate: dict[str, float] = field(default_factory=dict)
     dbe_now: set[str] = field(default_factory=set)
-    slowdown: dict[str, float] = field(default_factory=dict)
+    slowdown: dict[str, float] = field(default_factory=dict)  # the chip (probes too)
+    serving_slowdown: dict[str, float] = field(default_factory=dict)  # its serving stack
     xid: dict[str, tuple[int, float]] = field(default_factory=dict)  # uuid -> (xid, period_s)
     xid_error_ratio: dict[str, float] = field(default_factory=dict)
     breaker_ratio: dict[str, float] = field(default_factory=dict)
@@ -190,10 +191,13 @@ class FaultClock:
             elif k is FaultKind.COLD_MODEL and f.model:
                 a.cold.append((f.model, f.region, p("rps")))
             elif k is FaultKind.ROLLOUT_SLOWDOWN:
+                # a type's driver or firmware slows the chip; a model's rollout (a serving
+                # stack, a kernel) slows what serves that model
+                slowed = a.slowdown if f.accelerator_type is not None else a.serving_slowdown
                 for dev in fleet.devices.values():
                     if _in_cohort(f, dev.spec.kind.value, dev.model, dev.node.region):
-                        before = a.slowdown.get(dev.uuid, 0.0)  # slowdowns compound
-                        a.slowdown[dev.uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
+                        before = slowed.get(dev.uuid, 0.0)  # slowdowns compound
+                        slowed[dev.uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
             elif k is FaultKind.POWER_BRAKE and f.rack_id:
                 a.brake[f.rack_id] = min(a.brake.get(f.rack_id, 1.0), p("clock_ratio"))
             elif k is FaultKind.INLET_HEAT and f.rack_id:

@@ -311,7 +311,9 @@ class Fleet:
             dev.busy_ratio = dev.served_rps = dev.batch = 0.0
             dev.power_watts = 0.0
             return
-        health = dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
+        dev.health = 1.0 / (1.0 + active.slowdown.get(dev.uuid, 0.0))
+        # a serving stack's own slowness (a model's rollout) slows what it serves, not the chip
+        health = dev.health / (1.0 + active.serving_slowdown.get(dev.uuid, 0.0))
         dev.clock_ratio = min(
             dev.clock_ceiling, dev.cap_clock, active.brake.get(dev.node.rack_id, 1.0)
         )

@@ -1,0 +1,292 @@
+"""Common-mode attribution: a deviation many devices share belongs to what they share.
+
+A device is judged against peers of its type (its thermal fit, its TPOT cohort,
+its probes). When a node's cooling fails, every device on that node runs hot
+against its type; when a rollout slows one accelerator type in a region, every
+one of them is slow against the cohort it learned before. Judged one by one,
+each would be isolated, and the fleet would lose a node's worth or a cohort's
+worth of healthy chips to one shared cause.
+
+So a device's soft signal over its threshold is first held against the groups
+the device belongs to (its node, its rack, its cohorts: ``TYPE@region`` and
+``model@region``), each summarised by the median of its members' current
+readings of the same signal (at least ``MIN_MEMBERS`` of them):
+
+- a measured signal (a temperature residual, a TPOT excess) is *shared* with a
+  group when the group's median has moved (at least half the signal's floor)
+  and the device is less than its own threshold beyond that median: what is
+  left is not the device's;
+- slow probes are measured too, by the probe's gap to its type's peers (the
+  streak of slow probes is what a device is judged on, the gap what a group's
+  median is taken of);
+- a counted signal (XID flaps) is shared when at least half the group's
+  members are over too.
+
+When several groups explain it, the broadest one does (a cohort before a rack,
+a rack before a node): a cause shared by every node of a rack is the rack's.
+A shared signal is not the device's evidence: the device stays healthy on it,
+its verdict says which group explains it and why, and the group is watched.
+A watched group is judged on its median like a device (over, then sustained)
+and gets verdicts of its own (``level`` node, rack or cohort) until it is
+healthy again. A device that deviates from its node *and* its cohorts (the one
+slow chip of a braked rack, the one hot chip of a hot node) is still judged
+alone. A median needs a majority: two slow devices of an eight-device node
+are two device faults, not a node's.
+
+The groups are the detector's own view (the nodes of its partitions), so a
+fleet-wide cohort is judged per partition: a majority there is a majority.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from models.health_state import Reading, counted, over_threshold
+from schemas.verdicts import HealthStatus, Level
+
+MIN_MEMBERS = 3
+"""A group's median needs this many current readings (a pair is two devices, not a node)."""
+
+SHARED_SHARE = 0.5
+"""A counted signal is shared when at least this share of the group is over too."""
+
+GROUPS_OF: dict[str, tuple[str, ...]] = {
+    "thermal_resid_celsius": ("node", "rack"),
+    "tpot_vs_peers_log": ("node", "type", "model"),
+    "probe_slow": ("node", "type"),
+    "xid_flaps": ("node", "type"),
+}
+"""Which groups can explain each soft signal: a node's cooling or a rack's air heat its
+devices; a host, a rollout on a type or a model slows them; ECC is a chip's own."""
+
+MEASURED_BY = {"probe_slow": "probe_gap"}
+"""A signal whose group median is taken of another, measured one (a streak has no median
+worth taking; the gap it counts has)."""
+
+LEVEL_OF = {"node": Level.NODE, "rack": Level.RACK, "type": Level.COHORT, "model": Level.COHORT}
+BREADTH = {"node": 0, "rack": 1, "model": 2, "type": 3}
+"""The broader group wins when several explain a signal."""
+
+MOVED_SHARE = 0.5
+"""A group's median has moved when it is at least this share of the signal's floor."""
+
+
+def _counting(measured: str) -> str:
+    """The counted signal ``measured`` is the measure of."""
+    return next(c for c, m in MEASURED_BY.items() if m == measured)
+
+
+class GroupKey(NamedTuple):
+    kind: str  # node, rack, type or model
+    scope: str  # its id: a node id, a rack id, TYPE@region, model@region
+
+    @property
+    def level(self) -> Level:
+        return LEVEL_OF[self.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReading:
+    """One signal over a group's members, at one instant."""
+
+    median: float
+    over_share: float
+    members: int
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A device's signal explained by a group."""
+
+    key: GroupKey
+    reading: GroupReading
+
+    def describe(self, signal: Reading) -> str:
+        g = self.reading
+        return (
+            f"{signal.name} {signal.value:.3g} shared with {self.key.kind} {self.key.scope} "
+            f"(median {g.median:.3g}, {g.over_share:.0%} of {g.members} over)"
+        )
+
+
+@dataclass(slots=True)
+class GroupState:
+    """What is kept of a watched group: its status, since when each signal is over."""
+
+    status: HealthStatus = HealthStatus.HEALTHY
+    emitted_s: float = -math.inf
+    since: dict[str, float] = field(default_factory=dict)
+    readings: dict[str, GroupReading] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupJudgement:
+    """A watched group's judgement, for the detector to make a verdict of."""
+
+    key: GroupKey
+    status: HealthStatus
+    previous: HealthStatus
+    readings: dict[str, GroupReading]
+    over: dict[str, float]  # signal -> for how long it has been over
+    members: int
+
+
+ReadingOf = Callable[[str, str, float], Reading | None]
+"""(device uuid, signal name, at) -> the device's current reading, or None when it has none."""
+
+
+class CommonMode:
+    """Group membership, group medians (cached for ``refresh_s`` of event time) and the
+    watched groups' judgements."""
+
+    def __init__(
+        self,
+        reading_of: ReadingOf,
+        floors: dict[str, float],
+        *,
+        sustain_s: float,
+        verdict_interval_s: float,
+        refresh_s: float = 1.0,
+    ) -> None:
+        self.reading_of = reading_of
+        self.floors = floors  # signal -> the least a group's median must reach to be over
+        self.sustain_s = sustain_s
+        self.verdict_interval_s = verdict_interval_s
+        self.refresh_s = refresh_s
+        self.members: dict[GroupKey, set[str]] = {}
+        self.of_device: dict[str, dict[str, GroupKey]] = {}  # device -> kind -> its group
+        self.watched: dict[GroupKey, GroupState] = {}
+        self._cache: dict[tuple[GroupKey, str], GroupReading | None] = {}
+        self._cached_at: dict[tuple[GroupKey, str], float] = {}
+
+    # -- membership -----------------------------------------------------------------------
+
+    def place(self, device_uuid: str, kind: str, scope: str) -> None:
+        """``device_uuid`` belongs to group ``kind`` ``scope`` (a device's model moves it)."""
+        groups = self.of_device.setdefault(device_uuid, {})
+        old = groups.get(kind)
+        if old is not None and old.scope == scope:
+            return
+        if old is not None:
+            self._leave(device_uuid, old)
+        key = GroupKey(kind, scope)
+        groups[kind] = key
+        self.members.setdefault(key, set()).add(device_uuid)
+
+    def forget(self, devices: Iterable[str]) -> None:
+        for device_uuid in devices:
+            for key in self.of_device.pop(device_uuid, {}).values():
+                self._leave(device_uuid, key)
+
+    def _leave(self, device_uuid: str, key: GroupKey) -> None:
+        members = self.members.get(key)
+        if members is not None:
+            members.discard(device_uuid)
+            if not members:
+                del self.members[key]
+                self.watched.pop(key, None)
+
+    # -- readings -------------------------------------------------------------------------
+
+    def reading(self, key: GroupKey, name: str, at_s: float) -> GroupReading | None:
+        """``name`` over ``key``'s members with a current reading; None under MIN_MEMBERS."""
+        slot = (key, name)
+        if slot in self._cache and at_s - self._cached_at[slot] < self.refresh_s:
+            return self._cache[slot]
+        values: list[float] = []
+        over = 0
+        for device_uuid in self.members.get(key, ()):
+            r = self.reading_of(device_uuid, name, at_s)
+            if r is None:
+                continue
+            values.append(r.value)
+            over += over_threshold(r)
+        result = None
+        if len(values) >= MIN_MEMBERS:
+            median = statistics.median(values)
+            result = GroupReading(median, over / len(values), len(values), at_s)
+        self._cache[slot], self._cached_at[slot] = result, at_s
+        return result
+
+    def group_over(self, name: str, reading: GroupReading) -> bool:
+        if counted(name):
+            return reading.over_share >= SHARED_SHARE
+        return reading.median >= self.floors[name]
+
+    def explain(self, device_uuid: str, signal: Reading, at_s: float) -> Shared | None:
+        """The group that explains ``signal`` (over its threshold on ``device_uuid``), if one
+        does: the broadest. The group is watched from then on."""
+        best: Shared | None = None
+        groups = self.of_device.get(device_uuid, {})
+        measured = MEASURED_BY.get(signal.name)
+        if measured is not None:  # judged on the measure the streak counts
+            own = self.reading_of(device_uuid, measured, at_s)
+            if own is None:
+                return None
+            signal = own
+        for kind in GROUPS_OF.get(signal.name if measured is None else _counting(measured), ()):
+            key = groups.get(kind)
+            if key is None:
+                continue
+            g = self.reading(key, signal.name, at_s)
+            if g is None:
+                continue
+            if counted(signal.name):
+                if g.over_share < SHARED_SHARE:
+                    continue
+            elif (
+                g.median < MOVED_SHARE * self.floors[signal.name]
+                or signal.value - g.median >= signal.threshold
+            ):
+                continue  # the group has not moved, or the device is beyond it: its own
+            if best is None or BREADTH[kind] > BREADTH[best.key.kind]:
+                best = Shared(key, g)
+        if best is not None:
+            self.watched.setdefault(best.key, GroupState())
+        return best
+
+    # -- watched groups -------------------------------------------------------------------
+
+    def judge(self, at_s: float) -> list[GroupJudgement]:
+        """Each watched group's judgement when it changes (and every verdict interval while
+        it is not healthy); a group healthy again is said so once and no longer watched."""
+        out: list[GroupJudgement] = []
+        for key, state in list(self.watched.items()):
+            over: dict[str, float] = {}
+            readings: dict[str, GroupReading] = {}
+            members = 0
+            for counting, kinds in GROUPS_OF.items():
+                if key.kind not in kinds:
+                    continue
+                name = MEASURED_BY.get(counting, counting)
+                g = self.reading(key, name, at_s)
+                if g is None:
+                    state.since.pop(name, None)
+                    continue
+                readings[name] = g
+                members = max(members, g.members)
+                if self.group_over(name, g):
+                    over[name] = at_s - state.since.setdefault(name, at_s)
+                else:
+                    state.since.pop(name, None)
+            if any(held >= self.sustain_s for held in over.values()):
+                status = HealthStatus.DYING
+            elif over:
+                status = HealthStatus.SUSPECT
+            else:
+                status = HealthStatus.HEALTHY
+            previous = state.status
+            due = status is not HealthStatus.HEALTHY and (
+                at_s - state.emitted_s >= self.verdict_interval_s
+            )
+            if status is not previous or due:
+                state.status, state.emitted_s, state.readings = status, at_s, readings
+                out.append(GroupJudgement(key, status, previous, readings, over, members))
+            if status is HealthStatus.HEALTHY:
+                del self.watched[key]
+        return out
