@@ -1,0 +1,192 @@
+"""Common-mode attribution: what many devices of a node, a rack or a cohort share is
+judged at that level, and no device of it is isolated for it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from uuid import uuid4
+
+import pytest
+
+from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, TargetSpec
+from agents.sim.simulation import Simulation
+from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.isolation import IsolationLadder, LadderConfig
+from evaluations.fault_scoring import Condition, Fault, score
+from models.attribution import CommonMode, GroupKey
+from models.health import HealthConfig, HealthDetector
+from models.health_state import Reading
+from planning.isolation import ATTRIBUTE, attribute
+from schemas.base import AcceleratorType
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
+from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
+from tests.factories import START
+
+FLAGGED = (HealthStatus.DYING, HealthStatus.FAILED)
+
+
+def _run(*faults: FaultSpec, ticks: int, config: HealthConfig | None = None) -> list[Verdict]:
+    scenario = Scenario(duration_s=ticks, fleet=FleetSpec(nodes=24, seed=5), faults=faults)
+    sim = Simulation(scenario, start=START)
+    det = HealthDetector(config)
+    out: list[Verdict] = []
+    for n in range(ticks):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                out += det.observe(ev)
+        out += det.tick(sim.now)
+    return out
+
+
+def _hot_rack(rise: float = 12.0) -> FaultSpec:
+    return FaultSpec(
+        kind=FaultKind.INLET_HEAT, target=TargetSpec(rack=1), start_s=200, duration_s=200,
+        params={"inlet_rise_celsius": rise},
+    )  # fmt: skip
+
+
+def test_a_hot_rack_is_the_racks_verdict_and_none_of_its_devices() -> None:
+    verdicts = _run(_hot_rack(), ticks=470)
+    devices = [v for v in verdicts if v.level is Level.DEVICE]
+    on_rack = [v for v in devices if v.rack_id == "rack-0001"]
+    assert not [v for v in on_rack if v.status in FLAGGED]
+    assert any("shared with rack rack-0001" in v.attribution for v in on_rack)
+    groups = [v for v in verdicts if v.level is not Level.DEVICE]
+    dying = [v for v in groups if v.status is HealthStatus.DYING]
+    assert {(v.level, v.scope) for v in dying} == {(Level.RACK, "rack-0001")}
+    first = dying[0]
+    assert first.device_uuid == "rack-0001" and first.members and first.members >= 20
+    assert "thermal_resid_celsius" in first.attribution and "rack" in first.attribution
+    assert first.observed_at - START < timedelta(seconds=200 + 120)
+    # when the air is cool again the rack says so, once
+    assert groups[-1].status is HealthStatus.HEALTHY and groups[-1].scope == "rack-0001"
+
+
+def test_without_attribution_the_same_rack_loses_its_devices() -> None:
+    verdicts = _run(_hot_rack(), ticks=340, config=HealthConfig(common_mode=False))
+    flagged = {v.device_uuid for v in verdicts if v.status in FLAGGED}
+    assert len({d for d in flagged if d.startswith(("node-00004", "node-00005"))}) >= 8
+    assert not [v for v in verdicts if v.level is not Level.DEVICE]
+
+
+def test_two_slow_devices_of_a_node_are_two_device_faults() -> None:
+    slow = [
+        FaultSpec(
+            kind=FaultKind.GREY_SLOWDOWN,
+            target=TargetSpec(node=2, device=device),
+            start_s=240,
+            duration_s=300,
+            params={"slowdown_ratio": 0.25},
+        )
+        for device in (1, 4)
+    ]
+    verdicts = _run(*slow, ticks=400)
+    flagged = {v.device_uuid for v in verdicts if v.status in FLAGGED}
+    assert flagged == {"node-00002-gpu1", "node-00002-gpu4"}
+    assert all(v.level is Level.DEVICE for v in verdicts if v.status in FLAGGED)
+    dying = [v for v in verdicts if v.status is HealthStatus.DYING]
+    assert "its own" in dying[0].attribution
+
+
+def _common(values: dict[str, float]) -> CommonMode:
+    def reading_of(device: str, name: str, at_s: float) -> Reading | None:
+        del at_s
+        return Reading(name, values[device], 8.0) if device in values else None
+
+    common = CommonMode(
+        reading_of, {"thermal_resid_celsius": 8.0}, sustain_s=10.0, verdict_interval_s=30.0
+    )
+    for device in values:
+        common.place(device, "node", "n1")
+        common.place(device, "rack", "r1")
+    return common
+
+
+def test_a_device_beyond_its_hot_node_is_still_its_own() -> None:
+    values = {f"d{i}": 10.0 for i in range(7)} | {"d7": 25.0}
+    common = _common(values)
+    hot = Reading("thermal_resid_celsius", 10.0, 8.0)
+    explained = common.explain("d0", hot, 0.0)
+    assert explained is not None and explained.key == GroupKey("rack", "r1")  # the broadest
+    assert common.explain("d7", Reading("thermal_resid_celsius", 25.0, 8.0), 0.0) is None
+
+
+def test_a_group_is_over_then_sustained_then_healthy_again() -> None:
+    values = {f"d{i}": 10.0 for i in range(8)}
+    common = _common(values)
+    assert common.explain("d0", Reading("thermal_resid_celsius", 10.0, 8.0), 0.0) is not None
+    assert [j.status for j in common.judge(0.0)] == [HealthStatus.SUSPECT]
+    assert common.judge(5.0) == []  # nothing new within the verdict interval
+    assert [j.status for j in common.judge(12.0)] == [HealthStatus.DYING]
+    values.update({d: 0.0 for d in values})
+    assert [j.status for j in common.judge(14.0)] == [HealthStatus.HEALTHY]
+    assert common.watched == {}
+
+
+def test_a_median_needs_three_current_readings() -> None:
+    common = _common({"d0": 12.0, "d1": 12.0})
+    assert common.explain("d0", Reading("thermal_resid_celsius", 12.0, 8.0), 0.0) is None
+    common.forget(["d0", "d1"])
+    assert common.members == {}
+
+
+def _group_verdict(status: HealthStatus, previous: HealthStatus) -> Verdict:
+    return Verdict(
+        verdict_id=uuid4(), observed_at=START, device_uuid="rack-0001", node_id="*",
+        region="us-east", rack_id="rack-0001", pool="*", accelerator_type=AcceleratorType.H100,
+        status=status, previous_status=previous, score=0.75, level=Level.RACK,
+        scope="rack-0001", attribution="thermal_resid_celsius median 11: shared", members=32,
+    )  # fmt: skip
+
+
+def test_a_groups_verdict_is_recorded_and_moves_no_device() -> None:
+    dying = _group_verdict(HealthStatus.DYING, HealthStatus.SUSPECT)
+    ladder = IsolationLadder(LadderConfig(), Guardrail(GuardrailConfig(), devices={}))
+    assert ladder.verdict(dying, now=START) == []
+    assert ladder.devices == {}
+    out = attribute(dying, START)
+    assert out is not None and out.command is None
+    decision = out.decision
+    assert (decision.action, decision.reason, decision.target) == (
+        ATTRIBUTE,
+        "common_mode",
+        "rack-0001",
+    )
+    assert decision.outcome is DecisionOutcome.ADVISORY and "no device isolated" in decision.message
+    cleared = attribute(_group_verdict(HealthStatus.HEALTHY, HealthStatus.DYING), START)
+    assert cleared is not None and "cleared" in cleared.decision.message
+    assert attribute(_group_verdict(HealthStatus.SUSPECT, HealthStatus.HEALTHY), START) is None
+
+
+@pytest.mark.parametrize(
+    ("scope", "explained"), [("rack-0001", True), ("node-00005", True), ("rack-0002", False)]
+)
+def test_scoring_counts_group_verdicts_apart(scope: str, explained: bool) -> None:
+    at = START + timedelta(seconds=300)
+    heat = Condition(
+        "inlet_heat", START, START + timedelta(seconds=600),
+        frozenset({"rack-0001", "node-00004", "node-00005"}),
+    )  # fmt: skip
+    runaway = Fault(
+        "f1", "thermal_runaway", START, START + timedelta(seconds=600),
+        frozenset({"node-00005-gpu0"}), frozenset({"node-00005"}),
+    )  # fmt: skip
+    group = _group_verdict(HealthStatus.DYING, HealthStatus.SUSPECT).model_copy(
+        update={"observed_at": at, "scope": scope, "device_uuid": scope}
+    )
+    decision = Decision(
+        decision_id=uuid4(), decided_at=at, controller="isolation", target=scope,
+        action=ATTRIBUTE, outcome=DecisionOutcome.ADVISORY, reason="common_mode",
+    )  # fmt: skip
+    result = score([runaway], [group], [decision], {}, observed_s=600, conditions=[heat])
+    assert result.detections == 0  # a group is no device's detection
+    assert result.false_isolations == 0  # recording it isolates nothing
+    assert result.group_detections == 1
+    assert (result.group_unexplained == []) is explained
+    assert (result.detected == 1) is (scope == "node-00005")  # it names the faulty node
+
+
+def test_group_verdicts_name_what_does_not_apply() -> None:
+    v = _group_verdict(HealthStatus.DYING, HealthStatus.SUSPECT)
+    assert v.node_id == "*" and v.pool == "*"
+    assert isinstance(v.observed_at, datetime)
