@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from agents.sim.control import SimControl
 from agents.sim.family import draw_scenario, load_family
+from agents.sim.noise import partition_of
 from agents.sim.scenario import Scenario, load_scenario
 from agents.sim.simulation import Simulation
 from controllers.isolation import LadderDecision
@@ -211,11 +212,16 @@ def run_scenario_in_process(
                 dispatcher.handle(out.command, now=sim.now, received_at=sim.now)
 
     judged = (AcceleratorTelemetry, NodeHealth, ServingMetrics)
+    # as the worker reads it: stamped by the broker when it arrives (the agent's clock may
+    # be off); where a partition lags, from its node's partition (what lags, lags together)
+    noise = scenario.noise
+    lag = noise.delayed_partitions > 0
     for n in range(sim.ticks or 0):
         out: list[Verdict] = []
         for _spec, event in sim.tick(n):
             if isinstance(event, judged):
-                out += detector.observe(event)
+                source = partition_of(event.node_id, noise.partitions) if lag else None
+                out += detector.observe(event, appended_at=sim.now, source=source)
         out += detector.tick(sim.now)
         verdicts += out
         for v in out:

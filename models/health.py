@@ -528,10 +528,17 @@ class HealthDetector:
         if device.ecc_rate_per_s >= c.ecc_dying_per_s:
             ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
         soft.append(Reading(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
-        for name in GROUPS_OF:
-            reading = self._soft(device, name, at_s)
-            if reading is not None:
-                soft.append(reading)
+        # inline, every sample: the same readings as _soft (a test holds them equal)
+        thermal = device.temp_resid
+        threshold = self._thermal_threshold(device)
+        if device.thermal_hot:
+            thermal = max(thermal, threshold)
+        soft.append(Reading("thermal_resid_celsius", thermal, threshold))
+        if at_s - device.tpot_seen_s <= c.tpot_stale_s and device.tpot_n > c.warmup_samples:
+            excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
+            soft.append(Reading("tpot_vs_peers_log", excess, limit))
+        soft.append(Reading("probe_slow", device.probe_slow, 2))
+        soft.append(Reading("xid_flaps", len(device.xid_times), c.xid_flap_count))
         return hard, soft
 
     def _judge(

@@ -130,7 +130,7 @@ class NoiseDraw(Closed):
     duplicate_ratio: Range = 0.0
     skewed_nodes_ratio: Range = 0.0
     clock_skew_s: Range = 0.0
-    delayed_nodes_ratio: Range = 0.0
+    delayed_partitions: Range = 0
     delay_s: Range = 0.0
 
 
@@ -219,7 +219,7 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
         duplicate_ratio=round(_draw(rng, n.duplicate_ratio), 4),
         skewed_nodes_ratio=round(_draw(rng, n.skewed_nodes_ratio), 3),
         clock_skew_s=round(_draw(rng, n.clock_skew_s), 3),
-        delayed_nodes_ratio=round(_draw(rng, n.delayed_nodes_ratio), 3),
+        delayed_partitions=_count(rng, n.delayed_partitions),
         delay_s=round(_draw(rng, n.delay_s), 2),
         seed=seed,
     )

@@ -2,8 +2,9 @@
 
 Real pipelines lose a sample now and then, deliver one twice (a producer retry),
 carry events from a node whose clock is off, and lag on one partition while the
-others flow. :class:`TelemetryNoise` does each of these to the simulator's
-events, from its own generator, so a scenario can ask for them and a detector
+others flow (every node whose key hashes there, :func:`partition_of`).
+:class:`TelemetryNoise` does each of these to the simulator's events, from its
+own generator, so a scenario can ask for them and a detector
 is judged with them (:class:`~agents.sim.scenario.NoiseSpec`). Which nodes are
 skewed, by how much, and which sit on the lagging partition are drawn once.
 """
@@ -11,12 +12,18 @@ skewed, by how much, and which sit on the lagging partition are drawn once.
 from __future__ import annotations
 
 import random
+import zlib
 from datetime import timedelta
 from typing import Any
 
 from agents.sim.scenario import NoiseSpec
 
 Record = tuple[Any, Any]  # (topic spec, event)
+
+
+def partition_of(node_id: str, partitions: int) -> int:
+    """The partition a node's events land in (its key's stable hash): what lags together."""
+    return zlib.crc32(node_id.encode()) % partitions
 
 
 class TelemetryNoise:
@@ -27,13 +34,13 @@ class TelemetryNoise:
         self.rng = random.Random(spec.seed)
         draw = random.Random(spec.seed + 1)
         self.skew: dict[str, timedelta] = {}
-        self.delayed: set[str] = set()
         for node in node_ids:
             if draw.random() < spec.skewed_nodes_ratio:
                 offset = draw.uniform(-spec.clock_skew_s, spec.clock_skew_s)
                 self.skew[node] = timedelta(seconds=offset)
-            if draw.random() < spec.delayed_nodes_ratio:
-                self.delayed.add(node)
+        lagging = min(spec.delayed_partitions, spec.partitions)
+        self.lagging = set(draw.sample(range(spec.partitions), lagging))
+        self.delayed = {n for n in node_ids if partition_of(n, spec.partitions) in self.lagging}
         self._held: list[tuple[float, Record]] = []  # (due at, record), in order
 
     @property

@@ -187,8 +187,11 @@ class NoiseSpec(Closed):
     clock_skew_s: Annotated[float, Field(ge=0, le=60)] = Field(
         0.0, description="a skewed node's clock is off by up to this, either way"
     )
-    delayed_nodes_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
-        0.0, description="nodes on a lagging partition: their events arrive late"
+    partitions: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        12, description="how the agents' keys (node ids) spread over a topic's partitions"
+    )
+    delayed_partitions: Annotated[int, Field(ge=0)] = Field(
+        0, description="partitions that lag: every event of their nodes arrives late"
     )
     delay_s: Annotated[float, Field(ge=0, le=600)] = Field(
         0.0, description="how late a lagging partition's events arrive"

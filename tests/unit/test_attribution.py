@@ -190,3 +190,23 @@ def test_group_verdicts_name_what_does_not_apply() -> None:
     v = _group_verdict(HealthStatus.DYING, HealthStatus.SUSPECT)
     assert v.node_id == "*" and v.pool == "*"
     assert isinstance(v.observed_at, datetime)
+
+
+def test_a_groups_readings_are_the_devices_own() -> None:
+    """The readings a group's median is taken of are the ones each device is judged on."""
+    scenario = Scenario(duration_s=120, fleet=FleetSpec(nodes=6, seed=2))
+    sim = Simulation(scenario, start=START)
+    det = HealthDetector()
+    for n in range(120):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                det.observe(ev)
+    at_s = sim.now.timestamp()
+    compared = 0
+    for device in det.devices.values():
+        _, soft = det.signals(device, at_s)
+        for reading in soft:
+            if reading.name != "ecc_sbe_rise":
+                assert det._soft(device, reading.name, at_s) == reading
+                compared += 1
+    assert compared > 3 * len(det.devices)  # tpot too, where the device serves

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agents.sim.family import Family, draw_scenario, load_family, parse_seeds
-from agents.sim.noise import TelemetryNoise
+from agents.sim.noise import TelemetryNoise, partition_of
 from agents.sim.scenario import (
     FaultKind,
     FaultSpec,
@@ -185,10 +185,12 @@ def test_noise_drops_copies_skews_and_delays_events() -> None:
 
     spec = NoiseSpec(
         drop_ratio=0.1, duplicate_ratio=0.1, skewed_nodes_ratio=0.5, clock_skew_s=2.0,
-        delayed_nodes_ratio=0.25, delay_s=3.0, seed=4,
+        delayed_partitions=3, partitions=12, delay_s=3.0, seed=4,
     )  # fmt: skip
     noise = TelemetryNoise(spec, nodes)
-    assert 5 <= len(noise.skew) <= 35 and 2 <= len(noise.delayed) <= 20
+    assert 5 <= len(noise.skew) <= 35 and len(noise.lagging) == 3
+    assert noise.delayed == {n for n in nodes if partition_of(n, 12) in noise.lagging}
+    assert noise.delayed  # 40 nodes over 12 partitions: three of them hold some
     assert all(abs(s.total_seconds()) <= 2.0 for s in noise.skew.values())
     delivered: dict[int, list[Event]] = {}
     for t in range(20):
