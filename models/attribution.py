@@ -8,9 +8,10 @@ each would be isolated, and the fleet would lose a node's worth or a cohort's
 worth of healthy chips to one shared cause.
 
 So a device's soft signal over its threshold is first held against the groups
-the device belongs to (its node, its rack, its cohorts: ``TYPE@region`` and
-``model@region``), each summarised by the median of its members' current
-readings of the same signal (at least ``MIN_MEMBERS`` of them):
+the device belongs to (its node, its rack, its cohorts: ``TYPE@region``,
+``model@region`` and the serving stack where they meet, ``model/TYPE@region``),
+each summarised by the median of its members' current readings of the same
+signal (at least ``MIN_MEMBERS`` of them):
 
 - a measured signal (a temperature residual, a TPOT excess) is *shared* with a
   group when the group's median has moved (at least half the signal's floor)
@@ -56,7 +57,7 @@ SHARED_SHARE = 0.5
 
 GROUPS_OF: dict[str, tuple[str, ...]] = {
     "thermal_resid_celsius": ("node", "rack"),
-    "tpot_vs_peers_log": ("node", "type", "model"),
+    "tpot_vs_peers_log": ("node", "stack", "type", "model"),
     "probe_slow": ("node", "type"),
     "xid_flaps": ("node", "type"),
 }
@@ -67,8 +68,14 @@ MEASURED_BY = {"probe_slow": "probe_gap"}
 """A signal whose group median is taken of another, measured one (a streak has no median
 worth taking; the gap it counts has)."""
 
-LEVEL_OF = {"node": Level.NODE, "rack": Level.RACK, "type": Level.COHORT, "model": Level.COHORT}
-BREADTH = {"node": 0, "rack": 1, "model": 2, "type": 3}
+LEVEL_OF = {
+    "node": Level.NODE,
+    "rack": Level.RACK,
+    "stack": Level.COHORT,
+    "type": Level.COHORT,
+    "model": Level.COHORT,
+}
+BREADTH = {"node": 0, "rack": 1, "stack": 2, "model": 3, "type": 4}
 """The broader group wins when several explain a signal."""
 
 MOVED_SHARE = 0.5

@@ -132,7 +132,12 @@ class HealthDetector:
         self.common.place(device_uuid, "rack", device.rack_id)
         self.common.place(device_uuid, "type", f"{device.kind.value}@{device.region}")
         if device.model:
-            self.common.place(device_uuid, "model", f"{device.model}@{device.region}")
+            self._place_model(device_uuid, device)
+
+    def _place_model(self, device_uuid: str, device: DeviceState) -> None:
+        self.common.place(device_uuid, "model", f"{device.model}@{device.region}")
+        stack = f"{device.model}/{device.kind.value}@{device.region}"
+        self.common.place(device_uuid, "stack", stack)
 
     def adopt(self, device_uuid: str, device: DeviceState) -> bool:
         """Take up a device's record a previous process kept (:mod:`models.health_memory`),
@@ -259,7 +264,7 @@ class HealthDetector:
         d.served_s = t
         if metrics.model != d.model:
             d.model = metrics.model
-            self.common.place(device, "model", f"{metrics.model}@{d.region}")
+            self._place_model(device, d)
         if t - d.tpot_seen_s > c.tpot_stale_s:
             # back from a drain (or a long idle): judge it afresh, on what it does from now
             d.tpot_n, d.tpot_fast = 0, 0.0
@@ -473,7 +478,11 @@ class HealthDetector:
                 value = max(value, threshold)
             return Reading(name=name, value=value, threshold=threshold)
         if name == "tpot_vs_peers_log":
-            if at_s - device.tpot_seen_s > c.tpot_stale_s or device.tpot_n <= c.warmup_samples:
+            if (
+                device.capped
+                or at_s - device.tpot_seen_s > c.tpot_stale_s
+                or device.tpot_n <= c.warmup_samples
+            ):
                 return None
             return Reading(name, self._tpot_excess(device), self._tpot_threshold(device))
         if name == "probe_slow":
@@ -534,7 +543,11 @@ class HealthDetector:
         if device.thermal_hot:
             thermal = max(thermal, threshold)
         soft.append(Reading("thermal_resid_celsius", thermal, threshold))
-        if at_s - device.tpot_seen_s <= c.tpot_stale_s and device.tpot_n > c.warmup_samples:
+        if (
+            not device.capped  # slow by our own hand: not judged (nor learned from)
+            and at_s - device.tpot_seen_s <= c.tpot_stale_s
+            and device.tpot_n > c.warmup_samples
+        ):
             excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
             soft.append(Reading("tpot_vs_peers_log", excess, limit))
         soft.append(Reading("probe_slow", device.probe_slow, 2))
@@ -569,6 +582,8 @@ class HealthDetector:
                 device.since.setdefault(s.name, at_s)
             else:
                 device.since.pop(s.name, None)
+        if len(device.since) > len(over):  # a signal with no reading now is over no longer
+            device.since = {s.name: device.since[s.name] for s in over}
         sustained = [
             s
             for s in over
