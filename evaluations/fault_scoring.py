@@ -46,6 +46,8 @@ HEALTH_FAULTS = {
     "pdu_overload",
 }
 FLAGGED = {HealthStatus.DYING, HealthStatus.FAILED}
+GREY_TARGET_RATIO = 0.15
+"""Grey slowdowns this strong or stronger are held to the time-to-detect target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class Fault:
     end: datetime
     devices: frozenset[str]
     scopes: frozenset[str] = frozenset()  # the node or rack a group's verdict may name
+    params: Mapping[str, float] = field(default_factory=dict)  # its strength, its lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,8 @@ class Condition:
         in_region = self.region is None or region == self.region
         if self.kind == "demand_spike":
             return in_region
-        return name in self.names and in_region
+        # a cohort is a type, a model, or the serving stack where they meet (model/TYPE)
+        return bool(self.names & set(name.split("/"))) and in_region
 
 
 @dataclass(slots=True)
@@ -99,6 +103,8 @@ class FaultScore:
     false_isolation_causes: list[str] = field(default_factory=list)
     group_detections: int = 0
     group_unexplained: list[str] = field(default_factory=list)
+    grey_ttd_s: list[float | None] = field(default_factory=list)  # >= 15%; None: missed
+    ecc_storms_before_dbe: tuple[int, int] = (0, 0)  # flagged before the fault, of all
     isolation_latency_s: list[float] = field(default_factory=list)
     verdict_latency_s: list[float] = field(default_factory=list)  # event -> verdict on broker
     actions: dict[str, int] = field(default_factory=dict)
@@ -141,6 +147,8 @@ class FaultScore:
             "false_detections": self.false_detections,
             "false_isolation_causes": self.false_isolation_causes,
             "group_detections": self.group_detections,
+            "grey_15pct_ttd_s": self.grey_ttd_s,
+            "ecc_storms_flagged_before_dbe": list(self.ecc_storms_before_dbe),
             "group_detections_unexplained": self.group_unexplained,
             "actions": self.actions,
             "refusals": self.refusals,
@@ -198,6 +206,7 @@ def faults_from_truth(
                 datetime.fromisoformat(r["end_at"]),
                 devices,
                 scopes,
+                r.get("params") or {},
             )
         )
     return out
@@ -284,11 +293,20 @@ def score(
             )
     ttd: dict[str, list[float]] = defaultdict(list)
     missed = []
+    grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
+    storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
     for f in faults:
-        if f.fault_id in first:
-            ttd[f.kind].append(max(0.0, (first[f.fault_id] - f.start).total_seconds()))
+        found = first.get(f.fault_id)
+        taken = None if found is None else max(0.0, (found - f.start).total_seconds())
+        if taken is not None:
+            ttd[f.kind].append(taken)
         else:
             missed.append(f.fault_id)
+        if f.kind == "grey_slowdown" and f.params.get("slowdown_ratio", 0.0) >= GREY_TARGET_RATIO:
+            grey_ttd.append(taken)
+        if f.kind == "ecc_storm" and "lead_s" in f.params:
+            storms[1] += 1
+            storms[0] += taken is not None and taken < f.params["lead_s"]
     false_isolations = 0
     causes: list[str] = []
     latency = []
@@ -328,6 +346,8 @@ def score(
         false_detections=false_detections,
         false_isolation_causes=causes,
         group_detections=len(group_episodes),
+        grey_ttd_s=grey_ttd,
+        ecc_storms_before_dbe=(storms[0], storms[1]),
         group_unexplained=group_unexplained,
         isolation_latency_s=latency,
         verdict_latency_s=verdict_latency,
@@ -368,6 +388,17 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     )
     out["faults_total"] = sum(int(r["faults"]) for r in runs)
     out["missed_total"] = sum(len(r["missed"]) for r in runs)
+    grey = [t for r in runs for t in r.get("grey_15pct_ttd_s", [])]
+    found = sorted(t for t in grey if t is not None)
+    out["grey_15pct_faults"] = len(grey)
+    out["grey_15pct_missed"] = len(grey) - len(found)
+    # a missed slowdown counts as never detected: the p95 is over every one of them
+    pooled = found + [math.inf] * (len(grey) - len(found))
+    p95 = _q(pooled, 0.95) if pooled else None
+    out["grey_15pct_ttd_p95_s"] = None if p95 is None or math.isinf(p95) else p95
+    out["grey_15pct_within_30s"] = sum(1 for t in found if t <= 30.0)
+    storms = [r.get("ecc_storms_flagged_before_dbe", [0, 0]) for r in runs]
+    out["ecc_storms_flagged_before_dbe"] = [sum(s[0] for s in storms), sum(s[1] for s in storms)]
     kinds = sorted({k for r in runs for k in r["per_kind"]})
     out["ttd_p95_s_worst_by_kind"] = {
         k: max(

@@ -210,3 +210,21 @@ def test_a_groups_readings_are_the_devices_own() -> None:
                 assert det._soft(device, reading.name, at_s) == reading
                 compared += 1
     assert compared > 3 * len(det.devices)  # tpot too, where the device serves
+
+
+@pytest.mark.parametrize(
+    ("scope", "covered"),
+    [
+        ("MI300X@eu-west", True),
+        ("qwen-7b/MI300X@eu-west", True),  # the stack where the rollout's type serves
+        ("qwen-7b/H100@eu-west", False),
+        ("MI300X@us-east", False),
+        ("rack-0001", False),
+    ],
+)
+def test_a_rollout_covers_its_cohorts_and_their_stacks(scope: str, covered: bool) -> None:
+    rollout = Condition(
+        "rollout_slowdown", START, START + timedelta(seconds=60), frozenset(),
+        frozenset({"MI300X"}), "eu-west",
+    )  # fmt: skip
+    assert rollout.covers(scope) is covered

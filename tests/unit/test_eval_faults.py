@@ -9,7 +9,7 @@ from uuid import uuid4
 
 import pytest
 
-from evaluations.fault_scoring import Fault, score
+from evaluations.fault_scoring import Fault, aggregate, score
 from fleetloop.cli import main
 from schemas.base import AcceleratorType
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
@@ -63,3 +63,35 @@ def test_scoring_counts_episodes_faults_and_false_isolations() -> None:
     assert s.false_isolations == 1
     assert s.device_days == 3.0  # three devices seen for a day
     assert s.summary()["false_isolations_per_1k_device_days"] == pytest.approx(333.33, abs=0.01)
+
+
+def test_scoring_holds_grey_slowdowns_and_ecc_storms_to_their_targets() -> None:
+    def at(seconds: float) -> datetime:
+        return T0 + timedelta(seconds=seconds)
+
+    def grey(name: str, device: str, ratio: float) -> Fault:
+        span = (at(100), at(200))
+        return Fault(
+            name, "grey_slowdown", *span, frozenset({device}), params={"slowdown_ratio": ratio}
+        )
+
+    def storm(name: str, device: str) -> Fault:
+        span = (at(100), at(400))
+        return Fault(name, "ecc_storm", *span, frozenset({device}), params={"lead_s": 120.0})
+
+    faults = [grey("g1", "d1", 0.2), grey("g2", "d2", 0.3), grey("g3", "d3", 0.1),
+              storm("e1", "d4"), storm("e2", "d5")]  # fmt: skip
+    verdicts = [
+        _verdict("d1", HealthStatus.DYING, 112),
+        _verdict("d3", HealthStatus.DYING, 190),  # under 15%: not held to the target
+        _verdict("d4", HealthStatus.DYING, 180),  # before its double-bit fault at 220 s
+        _verdict("d5", HealthStatus.FAILED, 221),  # at the fault: too late
+    ]
+    s = score(faults, verdicts, [], {}, observed_s=600.0).summary()
+    assert s["grey_15pct_ttd_s"] == [12.0, None]  # d2's slowdown was missed
+    assert s["ecc_storms_flagged_before_dbe"] == [1, 2]
+    agg = aggregate({1: s, 2: s})
+    assert (agg["grey_15pct_faults"], agg["grey_15pct_missed"]) == (4, 2)
+    assert agg["grey_15pct_ttd_p95_s"] is None  # a miss is never detected: no p95 to give
+    assert agg["grey_15pct_within_30s"] == 2
+    assert agg["ecc_storms_flagged_before_dbe"] == [2, 4]
