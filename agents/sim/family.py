@@ -42,6 +42,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from agents.sim.fault_mix import sample_faults
 from agents.sim.fleet import NODES_PER_RACK
 from agents.sim.hardware import ACCELERATORS, MODELS, REGIONS, SERVED_AT_START, node_type
 from agents.sim.scenario import (
@@ -178,11 +179,8 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
     fleet = FleetSpec(nodes=nodes, devices_per_node=per_node, seed=seed, type_mix=mix)
     racks = -(-nodes // NODES_PER_RACK)
     types = sorted({node_type(i, mix) for i in range(nodes)})
-    taken: set[tuple[int, int]] = set()  # one device fault per device
+    busy: set[int] = set()  # one fault per node: none hides another (a crash, a slow chip)
     faults: list[FaultSpec] = []
-
-    def free_devices(node: int) -> list[int]:
-        return [d for d in range(per_node) if (node, d) not in taken]
 
     for spec in family.faults:
         kind = spec.kind
@@ -195,10 +193,10 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
             if kind is FaultKind.ECC_STORM:  # the storm runs before its double-bit fault
                 lead = params.get("lead_s", DEFAULT_PARAMS[kind]["lead_s"])
                 params["lead_s"] = round(min(lead, length * 0.8), 1)
-            targets = _targets(rng, spec, nodes, racks, types, mix, free_devices)
+            targets = _targets(rng, spec, nodes, per_node, racks, types, mix, busy)
             for target in targets:
-                if target.device is not None:
-                    taken.add((target.node or 0, target.device))
+                if target.node is not None:
+                    busy.add(target.node)
                 faults.append(
                     FaultSpec(
                         kind=kind,
@@ -208,11 +206,14 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
                         params=params,
                     )
                 )
-    sample = None
-    if family.sample_faults is not None:
+    if family.sample_faults is not None:  # drawn here, on nodes no other fault hit
         count = _count(rng, family.sample_faults.count)
         if count > 0:
-            sample = SampleSpec(path=family.sample_faults.path, count=count, seed=seed)
+            faults += sample_faults(
+                SampleSpec(path=family.sample_faults.path, count=count, seed=seed),
+                nodes=nodes, devices_per_node=per_node, racks=racks, horizon_s=duration,
+                type_mix=mix, busy_nodes=busy,
+            )  # fmt: skip
     n = family.noise
     noise = NoiseSpec(
         drop_ratio=round(_draw(rng, n.drop_ratio), 4),
@@ -230,7 +231,6 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
         fleet=fleet,
         demand=rng.choice(family.demand),
         faults=tuple(faults),
-        sample_faults=sample,
         noise=noise,
     )
     return resolve_paths(scenario, Path("."))
@@ -240,28 +240,29 @@ def _targets(
     rng: random.Random,
     spec: FaultDraw,
     nodes: int,
+    per_node: int,
     racks: int,
     types: list[AcceleratorType],
     mix: tuple[AcceleratorType, ...] | None,
-    free_devices: Any,
+    busy: set[int],
 ) -> list[TargetSpec]:
-    """Where one fault of ``spec`` lands (several devices of one node when it asks)."""
+    """Where one fault of ``spec`` lands (several devices of one node when it asks), on a
+    node no other fault hit; none when every node is taken."""
     kind = spec.kind
-    if kind in DEVICE_FAULTS:
+    if kind in DEVICE_FAULTS or kind in NODE_FAULTS:
         candidates = [
             i
             for i in range(nodes)
-            if free_devices(i)
+            if i not in busy
             and (kind not in XID_FAULTS or ACCELERATORS[node_type(i, mix)].reports_xid)
         ]
         if not candidates:
-            return []  # the fleet has no device left for it: fewer faults, said in the truth
+            return []  # the fleet has no node left for it: fewer faults, said in the truth
         node = rng.choice(candidates)
-        devices = free_devices(node)
-        hit = rng.sample(devices, min(len(devices), max(1, _count(rng, spec.devices))))
+        if kind in NODE_FAULTS:
+            return [TargetSpec(node=node)]
+        hit = rng.sample(range(per_node), min(per_node, max(1, _count(rng, spec.devices))))
         return [TargetSpec(node=node, device=d) for d in sorted(hit)]
-    if kind in NODE_FAULTS:
-        return [TargetSpec(node=rng.randrange(nodes))]
     if kind in RACK_FAULTS:
         return [TargetSpec(rack=rng.randrange(racks))]
     if kind is FaultKind.DEMAND_SPIKE:

@@ -84,8 +84,13 @@ def sample_faults(
     racks: int,
     horizon_s: float,
     type_mix: tuple[AcceleratorType, ...] | None = None,
+    busy_nodes: set[int] | None = None,
 ) -> list[FaultSpec]:
-    """``spec.count`` faults on random targets, starting after the warm-up, seeded."""
+    """``spec.count`` faults on random targets, starting after the warm-up, seeded. With
+    ``busy_nodes`` (nodes other faults already hit), each fault takes a node of its own:
+    two faults on one node (a crash hiding a slow chip, a second slowdown on a chip still
+    isolated for the first) leave the truth ambiguous, so a fault with no free node left
+    is not drawn."""
     episodes = read_episodes(spec.path)
     by_kind: dict[FaultKind, list[float]] = defaultdict(list)
     for e in episodes:
@@ -98,8 +103,18 @@ def sample_faults(
         duration = min(MAX_DURATION_S, max(MIN_DURATION_S, duration))
         latest = max(spec.warmup_s, horizon_s - duration)
         start = round(rng.uniform(spec.warmup_s, latest), 1)
-        node = rng.randrange(nodes)
-        if kind is FaultKind.FLAPPING_XID:  # only some accelerator types report XIDs
+        if busy_nodes is None:
+            node = rng.randrange(nodes)
+        else:
+            free = [i for i in range(nodes) if i not in busy_nodes]
+            if kind is FaultKind.FLAPPING_XID:
+                free = [i for i in free if ACCELERATORS[node_type(i, type_mix)].reports_xid]
+            if not free and kind is not FaultKind.PDU_OVERLOAD:
+                continue
+            node = rng.choice(free) if free else 0
+            if kind is not FaultKind.PDU_OVERLOAD:
+                busy_nodes.add(node)
+        if kind is FaultKind.FLAPPING_XID and busy_nodes is None:  # XIDs: some types only
             xid_nodes = [
                 i for i in range(nodes) if ACCELERATORS[node_type(i, type_mix)].reports_xid
             ]

@@ -41,6 +41,11 @@ def test_each_seed_draws_one_scenario_that_binds_and_runs(path: Path) -> None:
     for seed in range(1, 13):
         scenario = draw_scenario(family, seed)
         sim = Simulation(scenario, start=START)  # binding checks every target
+        by_node: dict[int, set[tuple[str, float]]] = {}
+        for f in scenario.faults:  # drawn and sampled alike: one fault per node
+            if f.target.node is not None:
+                by_node.setdefault(f.target.node, set()).add((f.kind.value, f.start_s))
+        assert all(len(draws) == 1 for draws in by_node.values()), by_node
         kinds |= {f.spec.kind for f in sim.faults.resolved}
         assert sim.ticks == round(family.duration_s)
     sim.tick(0)
