@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
+from schemas.verdicts import ATTRIBUTE, Decision, DecisionOutcome, HealthStatus, Level, Verdict
 
 HEALTH_FAULTS = {
     "ecc_storm",
@@ -318,7 +318,7 @@ def score(
             refusals[d.reason] += 1
             continue
         actions[d.action] += 1
-        if d.action in ("restore", "attribute"):
+        if d.action in ("restore", ATTRIBUTE):
             continue  # neither isolates a device
         if not touching(d.target, d.decided_at):
             false_isolations += 1

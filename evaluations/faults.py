@@ -169,16 +169,24 @@ def run_eval_faults(
     with (home / "decisions.jsonl").open("w") as f:  # for a closer look after the run
         for d in decisions:
             f.write(d.model_dump_json() + "\n")
-    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts if v.level is Level.DEVICE}
     truth = [json.loads(line) for line in (home / "truth.jsonl").read_text().splitlines()]
+    return _score(truth, verdicts, decisions, appended, observed_s=scenario.duration_s)
+
+
+def _score(
+    truth: list[dict[str, Any]],
+    verdicts: list[Verdict],
+    decisions: list[Decision],
+    appended: dict[uuid.UUID, datetime],
+    *,
+    observed_s: float,
+) -> FaultScore:
+    """The run scored against its truth file, the devices placed as their verdicts said."""
+    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts if v.level is Level.DEVICE}
     return score(
-        faults_from_truth(truth, layout),
-        verdicts,
-        decisions,
-        appended,
-        observed_s=scenario.duration_s,
-        conditions=conditions_from_truth(truth, layout),
-    )
+        faults_from_truth(truth, layout), verdicts, decisions, appended,
+        observed_s=observed_s, conditions=conditions_from_truth(truth, layout),
+    )  # fmt: skip
 
 
 def run_in_process(run: EvalRun, *, seed: int | None = None) -> FaultScore:
@@ -230,11 +238,7 @@ def run_scenario_in_process(
             act(ladder.verdict(v, now=sim.now))
         act(ladder.tick(sim.now))
     truth = json.loads(json.dumps(sim.faults.truth(sim.fleet.start)))
-    layout = {v.device_uuid: (v.node_id, v.rack_id) for v in verdicts if v.level is Level.DEVICE}
-    return score(
-        faults_from_truth(truth, layout), verdicts, decisions, {},
-        observed_s=scenario.duration_s, conditions=conditions_from_truth(truth, layout),
-    )  # fmt: skip
+    return _score(truth, verdicts, decisions, {}, observed_s=scenario.duration_s)
 
 
 def run_family(

@@ -82,11 +82,6 @@ MOVED_SHARE = 0.5
 """A group's median has moved when it is at least this share of the signal's floor."""
 
 
-def _counting(measured: str) -> str:
-    """The counted signal ``measured`` is the measure of."""
-    return next(c for c, m in MEASURED_BY.items() if m == measured)
-
-
 class GroupKey(NamedTuple):
     kind: str  # node, rack, type or model
     scope: str  # its id: a node id, a rack id, TYPE@region, model@region
@@ -103,7 +98,6 @@ class GroupReading:
     median: float
     over_share: float
     members: int
-    at_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +122,6 @@ class GroupState:
     status: HealthStatus = HealthStatus.HEALTHY
     emitted_s: float = -math.inf
     since: dict[str, float] = field(default_factory=dict)
-    readings: dict[str, GroupReading] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +209,7 @@ class CommonMode:
         result = None
         if len(values) >= MIN_MEMBERS:
             median = statistics.median(values)
-            result = GroupReading(median, over / len(values), len(values), at_s)
+            result = GroupReading(median, over / len(values), len(values))
         self._cache[slot], self._cached_at[slot] = result, at_s
         return result
 
@@ -230,13 +223,14 @@ class CommonMode:
         does: the broadest. The group is watched from then on."""
         best: Shared | None = None
         groups = self.of_device.get(device_uuid, {})
+        kinds = GROUPS_OF.get(signal.name, ())
         measured = MEASURED_BY.get(signal.name)
         if measured is not None:  # judged on the measure the streak counts
             own = self.reading_of(device_uuid, measured, at_s)
             if own is None:
                 return None
             signal = own
-        for kind in GROUPS_OF.get(signal.name if measured is None else _counting(measured), ()):
+        for kind in kinds:
             key = groups.get(kind)
             if key is None:
                 continue
@@ -292,7 +286,7 @@ class CommonMode:
                 at_s - state.emitted_s >= self.verdict_interval_s
             )
             if status is not previous or due:
-                state.status, state.emitted_s, state.readings = status, at_s, readings
+                state.status, state.emitted_s = status, at_s
                 out.append(GroupJudgement(key, status, previous, readings, over, members))
             if status is HealthStatus.HEALTHY:
                 del self.watched[key]

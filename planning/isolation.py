@@ -22,7 +22,7 @@ from models.health import HealthConfig, HealthDetector
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import ISOLATION
 from schemas.commands import RouteCommand, Target
-from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
+from schemas.verdicts import ATTRIBUTE, Decision, DecisionOutcome, HealthStatus, Level, Verdict
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,6 @@ def decide(step: LadderDecision, now: datetime, wiring: HealthWiring) -> Output[
         applied=float(step.rung) if step.allowed else None,
     )
     return Output(decision, command)
-
-
-ATTRIBUTE = "attribute"
-"""The action of a decision that attributes a deviation to a group and isolates no device."""
 
 
 def attribute(verdict: Verdict, now: datetime) -> Output[RouteCommand] | None:

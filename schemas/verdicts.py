@@ -113,6 +113,10 @@ class Verdict(Contract):
     )
 
 
+ATTRIBUTE = "attribute"
+"""The action of a decision that attributes a deviation to a group and isolates no device."""
+
+
 class DecisionOutcome(StrEnum):
     ISSUED = "issued"  # a command was sent
     REFUSED = "refused"  # a stage (guardrail, hysteresis) said no

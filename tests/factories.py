@@ -9,12 +9,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from agents.envelopes import pack
+from agents.sim.simulation import Simulation
 from agents.simulated import SimulatedFleetAgent
+from models.health import HealthDetector
 from schemas.base import Contract
 from schemas.codec import encode
 from schemas.commands import Command
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.signing import sign
 from schemas.topics import TELEMETRY_TOPICS, TopicSpec
+from schemas.verdicts import Verdict
 
 START = datetime.fromisoformat(os.environ.get("FLEETLOOP_TEST_START", "2026-11-01T12:00:00+00:00"))
 """The instant test events start at: fixed, so tests are reproducible. ``FLEETLOOP_TEST_START``
@@ -125,3 +129,15 @@ def signed_command(
         **fields,
     )
     return sign(unsigned, key_id=key_id, key=key or COMMAND_KEYS[key_id])
+
+
+def feed_detector(det: HealthDetector, sim: Simulation, ticks: int) -> list[Verdict]:
+    """``ticks`` steps of ``sim`` through ``det`` as ``eval faults --in-process`` feeds it
+    (the families it judges, then its heartbeat tick); every verdict it gave."""
+    out: list[Verdict] = []
+    for n in range(ticks):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                out += det.observe(ev)
+        out += det.tick(sim.now)
+    return out

@@ -16,26 +16,17 @@ from evaluations.fault_scoring import Condition, Fault, score
 from models.attribution import CommonMode, GroupKey
 from models.health import HealthConfig, HealthDetector
 from models.health_state import Reading
-from planning.isolation import ATTRIBUTE, attribute
+from planning.isolation import attribute
 from schemas.base import AcceleratorType
-from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Level, Verdict
-from tests.factories import START
+from schemas.verdicts import ATTRIBUTE, Decision, DecisionOutcome, HealthStatus, Level, Verdict
+from tests.factories import START, feed_detector
 
 FLAGGED = (HealthStatus.DYING, HealthStatus.FAILED)
 
 
 def _run(*faults: FaultSpec, ticks: int, config: HealthConfig | None = None) -> list[Verdict]:
     scenario = Scenario(duration_s=ticks, fleet=FleetSpec(nodes=24, seed=5), faults=faults)
-    sim = Simulation(scenario, start=START)
-    det = HealthDetector(config)
-    out: list[Verdict] = []
-    for n in range(ticks):
-        for _spec, ev in sim.tick(n):
-            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
-                out += det.observe(ev)
-        out += det.tick(sim.now)
-    return out
+    return feed_detector(HealthDetector(config), Simulation(scenario, start=START), ticks)
 
 
 def _hot_rack(rise: float = 12.0) -> FaultSpec:
@@ -197,10 +188,7 @@ def test_a_groups_readings_are_the_devices_own() -> None:
     scenario = Scenario(duration_s=120, fleet=FleetSpec(nodes=6, seed=2))
     sim = Simulation(scenario, start=START)
     det = HealthDetector()
-    for n in range(120):
-        for _spec, ev in sim.tick(n):
-            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
-                det.observe(ev)
+    feed_detector(det, sim, 120)
     at_s = sim.now.timestamp()
     compared = 0
     for device in det.devices.values():

@@ -12,17 +12,9 @@ from agents.sim.simulation import Simulation
 from models.health import HealthConfig, HealthDetector
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.verdicts import HealthStatus, Verdict
-from tests.factories import START
+from tests.factories import START, feed_detector
 
-
-def _feed(det: HealthDetector, sim: Simulation, ticks: int) -> list[Verdict]:
-    out: list[Verdict] = []
-    for n in range(ticks):
-        for _spec, ev in sim.tick(n):
-            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
-                out += det.observe(ev)
-        out += det.tick(sim.now)
-    return out
+_feed = feed_detector
 
 
 def _sim(*faults: FaultSpec, nodes: int = 10) -> Simulation:
