@@ -24,11 +24,11 @@ stays static.
 Soft signals are scored before they are learned, and a device that is over a
 threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
 
-- ``ecc_sbe_rise``: correctable ECC counts per ``ecc_window_s`` window against
-  the device's own baseline rate. A window is "risen" when its count is at
-  least ``ecc_rise_ratio`` (1.05: 5% more) times the baseline's expectation and
-  Poisson-significant (z >= ``ecc_z``); ``ecc_sustain_windows`` risen windows
-  in a row is a sustained rise. A rate over ``ecc_dying_per_s`` is over anyway.
+- ``ecc_sbe_rise``: the correctable ECC counter through a Poisson CUSUM
+  (:mod:`models.counts`) for a storm of ``ecc_rise_ratio`` times the device's
+  own quiet rate; the statistic over ``ecc_threshold`` is over. The quiet rate
+  starts from a prior (``ecc_prior_events`` in ``ecc_prior_s``) and learns the
+  device's quiet intervals.
 - ``thermal``: temperature against power, through a per-accelerator-type
   online regression ``T ~ a + b * P`` (inlet and cooling show up as the
   residual), the residual smoothed per device and compared with the cohort's
@@ -42,8 +42,10 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   accelerator type's probes, two slow probes in a row.
 
 A device whose clocks a power cap or brake holds down (DCGM's clock-event
-reasons) is slow by the power controller's hand: its probes and TPOT are
-neither judged nor learned from until the cap is lifted.
+reasons) is slow by the power controller's hand: its TPOT is neither judged nor
+learned from until the cap is lifted. Its probes are judged over its clock
+ratio (GEMM throughput follows the SM clock) once its clocks have held steady
+for ``clock_settle_s``, against uncapped peers; they are not learned from.
 - ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``.
 
 Per-device state is a slotted record of a few dozen numbers (well under
@@ -68,6 +70,7 @@ from uuid import UUID
 
 from models.attribution import GROUPS_OF, CommonMode, GroupJudgement, Shared
 from models.cohort import Cohorts
+from models.counts import RiseState
 from models.health_state import (
     DeviceState,
     EwRegression,
@@ -77,6 +80,7 @@ from models.health_state import (
     describe,
     finite,
     over_threshold,
+    sequential,
 )
 from schemas.base import AcceleratorType, pool_name
 from schemas.dcgm import CLOCKS_HW_POWER_BRAKE, CLOCKS_SW_POWER_CAP, CLOCKS_THERMAL, FATAL_XIDS
@@ -101,6 +105,7 @@ class HealthDetector:
         self, config: HealthConfig | None = None, *, new_id: Callable[[], UUID] = uuid.uuid4
     ) -> None:
         self.config = config or HealthConfig()
+        self.ecc_rise = self.config.ecc_rise()
         self.new_id = new_id
         self.devices: dict[str, DeviceState] = {}
         self.node_devices: dict[str, list[str]] = {}  # node -> its devices, as first seen
@@ -220,7 +225,10 @@ class HealthDetector:
         d.live_s, d.source = max(d.live_s, broker), source
         if sample.sm_clock_mhz is not None and sample.sm_clock_mhz > 0:
             d.clock_max_mhz = max(d.clock_max_mhz, sample.sm_clock_mhz)
-            d.clock_ratio = sample.sm_clock_mhz / d.clock_max_mhz
+            ratio = sample.sm_clock_mhz / d.clock_max_mhz
+            if abs(ratio - d.clock_ratio) > c.clock_settle_ratio * d.clock_ratio:
+                d.clock_moved_s = t
+            d.clock_ratio = ratio
         d.capped = bool((sample.clock_throttle_reasons or 0) & POWER_HELD)
         d.dbe = sample.ecc_dbe_volatile_total or 0
         if sample.xid_last:
@@ -327,8 +335,11 @@ class HealthDetector:
             d.probe_fails, d.probe_failed_at_s = _confirmed(
                 d.probe_fails, d.probe_failed_at_s, d.probe_failed, broker, self.config
             )
-            if p.expected_ratio is None or not p.passed or d.capped:
-                continue  # a capped device is slow by our own hand: its probe says nothing
+            if p.expected_ratio is None or not p.passed:
+                continue
+            settled = t - d.clock_moved_s >= self.config.clock_settle_s
+            if d.capped and not settled:
+                continue  # its clocks are moving under a cap: which clock did the probe run at?
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
             peer = self.probe_peers.score(d.kind, x, p.device_uuid)
             slow = False
@@ -338,8 +349,8 @@ class HealthDetector:
                     self.config.probe_margin_ratio, self.config.peer_z * peer.sigma
                 )
             d.probe_slow = d.probe_slow + 1 if slow else 0
-            if not slow or self._shared(p.device_uuid or "", d, "probe_slow", t):
-                self.probe_peers.learn(d.kind, x, p.device_uuid)
+            if not d.capped and (not slow or self._shared(p.device_uuid or "", d, "probe_slow", t)):
+                self.probe_peers.learn(d.kind, x, p.device_uuid)  # peers: uncapped devices
         for device_uuid in self.node_devices.get(health.node_id, ()):
             d = self.devices[device_uuid]
             out.extend(self._judge(device_uuid, d, t, health.event_id, appended_at))
@@ -402,31 +413,16 @@ class HealthDetector:
     # -- signals --------------------------------------------------------------------------
 
     def _ecc(self, device: DeviceState, total: int, at_s: float) -> None:
-        c = self.config
+        rise = self.ecc_rise
         if device.sbe_last < 0 or total < device.sbe_last:  # first sample, or counters were reset
-            device.sbe_last, device.ecc_start_s, device.ecc_count = total, at_s, 0
+            device.sbe_last, device.sbe_at_s, device.ecc_cusum = total, at_s, 0.0
             return
-        device.ecc_count += total - device.sbe_last
-        device.sbe_last = total
-        span = at_s - device.ecc_start_s
-        if span < c.ecc_window_s:
-            return
-        rate = device.ecc_count / span
-        device.ecc_rate_per_s = rate
-        if math.isnan(device.ecc_base_per_s):
-            device.ecc_base_per_s = rate
-        else:
-            expected = max(device.ecc_base_per_s * span, 0.5)
-            z = (device.ecc_count - expected) / math.sqrt(expected)
-            risen = (
-                device.ecc_count >= c.ecc_min_count
-                and device.ecc_count >= c.ecc_rise_ratio * expected
-                and z >= c.ecc_z
-            )
-            device.ecc_streak = device.ecc_streak + 1 if risen else 0
-            if device.ecc_streak == 0:  # the baseline learns only quiet windows
-                device.ecc_base_per_s += 0.1 * (rate - device.ecc_base_per_s)
-        device.ecc_start_s, device.ecc_count = at_s, 0
+        events, elapsed = total - device.sbe_last, at_s - device.sbe_at_s
+        device.sbe_last, device.sbe_at_s = total, at_s
+        state = RiseState(device.ecc_cusum, device.ecc_quiet_events, device.ecc_quiet_s)
+        device.ecc_cusum, device.ecc_quiet_events, device.ecc_quiet_s = rise.update(
+            state, events, elapsed
+        )
 
     def _thermal(self, device: DeviceState, sample: AnyAcceleratorSample, dt: float) -> None:
         c = self.config
@@ -533,10 +529,7 @@ class HealthDetector:
             # its partition-mates report on, it does not: a device off the bus
             hard.append(Reading(name=QUIET, value=gap, threshold=c.heartbeat_timeout_s))
         soft: list[Reading] = []
-        ecc_value = float(device.ecc_streak)
-        if device.ecc_rate_per_s >= c.ecc_dying_per_s:
-            ecc_value = max(ecc_value, float(c.ecc_sustain_windows))
-        soft.append(Reading(name="ecc_sbe_rise", value=ecc_value, threshold=c.ecc_sustain_windows))
+        soft.append(Reading("ecc_sbe_rise", device.ecc_cusum, c.ecc_threshold))
         # inline, every sample: the same readings as _soft (a test holds them equal)
         thermal = device.temp_resid
         threshold = self._thermal_threshold(device)
@@ -589,7 +582,7 @@ class HealthDetector:
             for s in over
             if (
                 s.value >= s.threshold
-                if counted(s.name)
+                if counted(s.name) or sequential(s.name)
                 else at_s - device.since[s.name] >= c.sustain_s
             )
         ]

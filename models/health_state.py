@@ -11,6 +11,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from models.counts import RateRise
 from schemas.base import AcceleratorType
 from schemas.commands import MAX_CLOCK_SKEW_S
 from schemas.verdicts import HealthStatus, Signal
@@ -23,12 +24,12 @@ class HealthConfig:
     blind_ratio: float = 0.3
     verdict_interval_s: float = 30.0
     sustain_s: float = 10.0
-    ecc_window_s: float = 30.0
-    ecc_rise_ratio: float = 1.05
-    ecc_z: float = 3.0
-    ecc_min_count: int = 5
-    ecc_sustain_windows: int = 3
-    ecc_dying_per_s: float = 1.0
+    # correctable ECC: a Poisson CUSUM for a storm of ecc_rise_ratio times the device's quiet
+    # rate (models.counts.RateRise); its prior is ecc_prior_events in ecc_prior_s
+    ecc_rise_ratio: float = 100.0
+    ecc_threshold: float = 16.0
+    ecc_prior_events: float = 1.0
+    ecc_prior_s: float = 3600.0
     thermal_margin_celsius: float = 8.0
     thermal_tau_s: float = 45.0  # temperature follows power with about this time constant
     tpot_margin_ratio: float = 0.10
@@ -45,10 +46,24 @@ class HealthConfig:
     # how far an event's own clock may run ahead of the broker's before it is clamped: the
     # bound commands get (MAX_CLOCK_SKEW_S); NTP keeps a host within milliseconds of it
     max_skew_s: float = MAX_CLOCK_SKEW_S
+    # a capped device's probe is judged (over its clock ratio, against uncapped peers) once
+    # its clocks have held within clock_settle_ratio for clock_settle_s: the probe then ran
+    # at the clock it is divided by. GEMM throughput follows the SM clock; TPOT does not
+    clock_settle_s: float = 15.0
+    clock_settle_ratio: float = 0.02
     confirm_gap_s: float = 1.0  # hard evidence confirmed: two samples this far apart
     # a deviation most of a device's node, rack or cohort shares is the group's, not the
     # device's (models.attribution); off, every device is judged alone against its peers
     common_mode: bool = True
+
+    def ecc_rise(self) -> RateRise:
+        """The correctable-ECC storm test these settings describe."""
+        return RateRise(
+            ratio=self.ecc_rise_ratio,
+            threshold=self.ecc_threshold,
+            prior_events=self.ecc_prior_events,
+            prior_s=self.ecc_prior_s,
+        )
 
 
 @dataclass(slots=True)
@@ -69,6 +84,7 @@ class DeviceState:
     source: Hashable = None  # where its samples come from (a topic partition)
     clock_max_mhz: float = 0.0
     clock_ratio: float = 1.0
+    clock_moved_s: float = -math.inf  # when the clock ratio last moved by more than settle
     status: HealthStatus = HealthStatus.HEALTHY
     emitted_s: float = -math.inf
     dbe: int = 0
@@ -78,12 +94,11 @@ class DeviceState:
     probe_failed: bool = False
     probe_slow: int = 0
     probe_gap: float = 0.0
-    sbe_last: int = -1
-    ecc_start_s: float = math.nan
-    ecc_count: int = 0
-    ecc_base_per_s: float = math.nan
-    ecc_streak: int = 0
-    ecc_rate_per_s: float = 0.0
+    sbe_last: int = -1  # the correctable ECC counter as last read (-1: not yet)
+    sbe_at_s: float = math.nan  # and when
+    ecc_cusum: float = 0.0  # the rise statistic (models.counts)
+    ecc_quiet_events: float = 0.0  # the device's quiet record, its baseline's evidence
+    ecc_quiet_s: float = 0.0
     power_smooth: float = math.nan
     temp_resid: float = 0.0
     thermal_sigma: float = 0.0
@@ -127,9 +142,15 @@ class EwRegression:
 
 
 def counted(name: str) -> bool:
-    """Soft signals that count occurrences (windows or probes in a row, XIDs in a window):
-    one is suspect, ``threshold`` of them is sustained by construction."""
-    return name in ("ecc_sbe_rise", "probe_slow", "xid_flaps")
+    """Soft signals that count occurrences (probes in a row, XIDs in a window): one is
+    suspect, ``threshold`` of them is sustained by construction."""
+    return name in ("probe_slow", "xid_flaps")
+
+
+def sequential(name: str) -> bool:
+    """Soft signals that are a sequential test's statistic (a CUSUM, models.counts): the
+    test has weighed the evidence over time already, so over its threshold is sustained."""
+    return name == "ecc_sbe_rise"
 
 
 class Reading(NamedTuple):

@@ -69,7 +69,7 @@ Range = float | tuple[float, float]
 XID_FAULTS = {FaultKind.FLAPPING_XID}
 
 
-def _draw(rng: random.Random, value: Range) -> float:
+def draw(rng: random.Random, value: Range) -> float:
     """A number from ``value``: itself, or uniform in ``[low, high]``."""
     if not isinstance(value, tuple):
         return value
@@ -185,11 +185,11 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
     for spec in family.faults:
         kind = spec.kind
         for _ in range(_count(rng, spec.count)):
-            length = _draw(rng, spec.duration_s or (duration * 0.1, duration * 0.5))
+            length = draw(rng, spec.duration_s or (duration * 0.1, duration * 0.5))
             length = max(1.0, min(length, duration))
-            start = _draw(rng, spec.start_s or (duration * 0.1, duration - length))
+            start = draw(rng, spec.start_s or (duration * 0.1, duration - length))
             start = max(0.0, min(start, duration - 1.0))
-            params = {name: round(_draw(rng, v), 4) for name, v in spec.params.items()}
+            params = {name: round(draw(rng, v), 4) for name, v in spec.params.items()}
             if kind is FaultKind.ECC_STORM:  # the storm runs before its double-bit fault
                 lead = params.get("lead_s", DEFAULT_PARAMS[kind]["lead_s"])
                 params["lead_s"] = round(min(lead, length * 0.8), 1)
@@ -216,12 +216,12 @@ def draw_scenario(family: Family, seed: int) -> Scenario:
             )  # fmt: skip
     n = family.noise
     noise = NoiseSpec(
-        drop_ratio=round(_draw(rng, n.drop_ratio), 4),
-        duplicate_ratio=round(_draw(rng, n.duplicate_ratio), 4),
-        skewed_nodes_ratio=round(_draw(rng, n.skewed_nodes_ratio), 3),
-        clock_skew_s=round(_draw(rng, n.clock_skew_s), 3),
+        drop_ratio=round(draw(rng, n.drop_ratio), 4),
+        duplicate_ratio=round(draw(rng, n.duplicate_ratio), 4),
+        skewed_nodes_ratio=round(draw(rng, n.skewed_nodes_ratio), 3),
+        clock_skew_s=round(draw(rng, n.clock_skew_s), 3),
         delayed_partitions=_count(rng, n.delayed_partitions),
-        delay_s=round(_draw(rng, n.delay_s), 2),
+        delay_s=round(draw(rng, n.delay_s), 2),
         seed=seed,
     )
     scenario = Scenario(

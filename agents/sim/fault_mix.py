@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.sim.hardware import ACCELERATORS, node_type
-from agents.sim.scenario import FaultKind, FaultSpec, SampleSpec, ScenarioError, TargetSpec
+from agents.sim.scenario import (
+    DEFAULT_PARAMS,
+    FaultKind,
+    FaultSpec,
+    SampleSpec,
+    ScenarioError,
+    TargetSpec,
+)
 from schemas.base import AcceleratorType
 
 DESCRIPTION_TO_KIND: dict[str, FaultKind] = {
@@ -101,6 +108,9 @@ def sample_faults(
         kind = rng.choice(episodes).kind
         duration = spec.repair_days_to_s * rng.choice(by_kind[kind])
         duration = min(MAX_DURATION_S, max(MIN_DURATION_S, duration))
+        lead = DEFAULT_PARAMS[FaultKind.ECC_STORM]["lead_s"]
+        if kind is FaultKind.ECC_STORM:  # the log dates the double-bit fault and times its
+            duration += lead  # repair; the storm of correctable errors comes before both
         latest = max(spec.warmup_s, horizon_s - duration)
         start = round(rng.uniform(spec.warmup_s, latest), 1)
         if busy_nodes is None:
@@ -126,7 +136,7 @@ def sample_faults(
         if kind is FaultKind.PDU_OVERLOAD:
             target = TargetSpec(rack=rng.randrange(racks))
         if kind is FaultKind.ECC_STORM:
-            params["lead_s"] = round(min(300.0, duration * 0.5), 1)
+            params["lead_s"] = lead
         if kind is FaultKind.GREY_SLOWDOWN:
             params["slowdown_ratio"] = round(rng.uniform(0.15, 0.3), 3)
         out.append(

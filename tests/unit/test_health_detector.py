@@ -11,7 +11,7 @@ from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, Targe
 from agents.sim.simulation import Simulation
 from models.health import HealthConfig, HealthDetector
 from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
-from schemas.verdicts import HealthStatus, Verdict
+from schemas.verdicts import HealthStatus, Level, Verdict
 from tests.factories import START, feed_detector
 
 _feed = feed_detector
@@ -180,3 +180,33 @@ def test_partitions_that_move_away_are_released_and_never_judged_silent() -> Non
     bad = [v.device_uuid for v in verdicts if v.status in (HealthStatus.DYING, HealthStatus.FAILED)]
     assert bad == []
     assert len(det.devices) == 7 * 8
+
+
+def test_one_correctable_error_on_a_healthy_device_is_not_suspect() -> None:
+    sim = _sim(nodes=2)
+    det = HealthDetector()
+    _feed(det, sim, 40)
+    device = sim.fleet.nodes[0].devices[1]
+    before = sim.telemetry.device_sample(device)
+    later = before.observed_at + timedelta(seconds=1)
+    total = (before.ecc_sbe_volatile_total or 0) + 1
+    one = before.model_copy(update={"observed_at": later, "ecc_sbe_volatile_total": total})
+    det.accelerator(one)
+    _, soft = det.signals(det.devices[device.uuid], later.timestamp())
+    [ecc] = [s for s in soft if s.name == "ecc_sbe_rise"]
+    assert 0 < ecc.value < ecc.threshold  # counted as evidence, far from a storm
+    assert det.devices[device.uuid].status is HealthStatus.HEALTHY
+
+
+def test_a_slow_chip_under_a_rack_power_brake_is_found_by_its_probes() -> None:
+    brake = FaultSpec(kind=FaultKind.POWER_BRAKE, target=TargetSpec(rack=0), start_s=60,
+                      duration_s=400, params={"clock_ratio": 0.7})  # fmt: skip
+    slow = FaultSpec(kind=FaultKind.GREY_SLOWDOWN, target=TargetSpec(node=1, device=2),
+                     start_s=150, duration_s=300, params={"slowdown_ratio": 0.2})  # fmt: skip
+    verdicts = _feed(HealthDetector(), _sim(brake, slow), 200)
+    devices = _flagged([v for v in verdicts if v.level is Level.DEVICE])
+    # the braked rack's other chips run slow by its hand, judged over their clocks: not flagged
+    assert set(devices) == {"node-00001-gpu2"}
+    assert "probe_slow" in devices["node-00001-gpu2"].evidence
+    racks = {v.scope for v in verdicts if v.level is Level.RACK}
+    assert racks <= {"rack-0000"}  # what the brake did to the rack's heat is the rack's
