@@ -17,6 +17,11 @@ the first that refuses names the reason:
    cluster by default; a rack holds few nodes, so its default is a node's share);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
+A unit of devices taken out together (a node drained as one, ``Proposal.members``)
+is one action for the rate limit and the lockout, and every member for the
+blast radius; a pool or rack may always lose one whole node when nothing else
+of it is isolated (a node is the unit hardware fails in).
+
 Scaling a model's replicas (warm, cool) passes :meth:`Guardrail.check_scaling`:
 fail-static for both; a cool (capacity taken away) is also refused while
 locked out and limited to ``max_actions`` per ``rate_window_s`` per scope.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -86,9 +92,14 @@ class GuardrailConfig:
 
 @dataclass(frozen=True, slots=True)
 class Proposal:
-    device_uuid: str
+    """One step for a device, or for a unit of devices taken out together (``members``: a
+    node drained as one): one action for the rate limit and the lockout, every member for
+    the blast radius."""
+
+    device_uuid: str  # the device, or the unit's name (a node id) when members are given
     isolate: bool  # True: take capacity away; False: give it back
     hard: bool = False  # failed, on confirmed evidence of its own: no radius or rate to spend
+    members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +242,12 @@ class Guardrail:
     def check(self, proposal: Proposal, *, now: datetime) -> GuardDecision:
         """Decide, and when an isolation is allowed, record it."""
         s, c = self.state, self.config
-        where = self.devices.get(proposal.device_uuid)
-        if where is None:
-            return GuardDecision(False, GuardReason.UNKNOWN_DEVICE, f"{proposal.device_uuid}?")
+        units = proposal.members or (proposal.device_uuid,)
+        unknown = [d for d in units if d not in self.devices]
+        if unknown:
+            return GuardDecision(False, GuardReason.UNKNOWN_DEVICE, f"{', '.join(unknown)}?")
         if not proposal.isolate:
-            s.isolated.discard(proposal.device_uuid)
+            s.isolated.difference_update(units)
             return GuardDecision(True, GuardReason.RESTORE, "giving capacity back is never refused")
         age = None if s.fresh_at is None else (now - s.fresh_at).total_seconds()
         if age is None or age > c.stale_after_s:
@@ -248,25 +260,31 @@ class Guardrail:
         recent = [a for a in s.actions if now - a <= timedelta(seconds=c.lockout_window_s)]
         if s.locked_out:
             return GuardDecision(False, GuardReason.LOCKED_OUT, "locked out until a person resets")
-        if proposal.device_uuid in s.isolated:  # a further step on the ladder adds no radius
+        new = [d for d in units if d not in s.isolated]
+        if not new:  # a further step on the ladder adds no radius
             return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
-        pool, rack = where
         f = self._floor
-        for reason, key, sizes, floors, ratio in (
+        for reason, sizes, floors, ratio in (
             ()
             if proposal.hard
             else (
-                (GuardReason.POOL_CAP, pool, self._pool_size, f.pools, c.max_isolated_ratio),
-                (GuardReason.RACK_CAP, rack, self._rack_size, f.racks, c.rack_max_isolated_ratio),
+                (GuardReason.POOL_CAP, self._pool_size, f.pools, c.max_isolated_ratio),
+                (GuardReason.RACK_CAP, self._rack_size, f.racks, c.rack_max_isolated_ratio),
             )
         ):
-            members = sum(1 for d in s.isolated if self._where(d, reason) == key)
-            size = max(sizes[key], floors.get(key, 0))
-            limit = self.cap(size, ratio)
-            if members + 1 > limit:
-                return GuardDecision(
-                    False, reason, f"{key}: {members} of {size} isolated, cap {limit}"
-                )
+            adding = Counter(self._where(d, reason) for d in new)
+            for key, count in sorted(adding.items(), key=lambda kv: str(kv[0])):
+                assert key is not None  # every unit is a known device (checked above)
+                members = sum(1 for d in s.isolated if self._where(d, reason) == key)
+                size = max(sizes[key], floors.get(key, 0))
+                limit = self.cap(size, ratio)
+                if proposal.members:  # a pool or rack may always lose one node, the unit of
+                    limit = max(limit, count)  # hardware failure, when nothing else is out
+                if members + count > limit:
+                    adds = f" (+{count})" if count > 1 else ""
+                    return GuardDecision(
+                        False, reason, f"{key}: {members}{adds} of {size} isolated, cap {limit}"
+                    )
         in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
         if len(in_window) >= c.max_actions and not proposal.hard:
             return GuardDecision(
@@ -274,10 +292,13 @@ class Guardrail:
                 GuardReason.RATE_LIMITED,
                 f"{len(in_window)} isolations in {c.rate_window_s:g}s",
             )
-        s.isolated.add(proposal.device_uuid)
+        s.isolated.update(new)
         s.actions = [*recent, now]
         if len(s.actions) >= c.lockout_ratio * max(len(self.devices), f.devices):
             s.locked_out = True  # this one goes through; the next ones wait for a person
+        pool = (
+            self.devices[proposal.device_uuid][0] if not proposal.members else proposal.device_uuid
+        )
         return GuardDecision(
             True, GuardReason.ALLOWED, f"{pool}: {len(s.isolated)} isolated fleet-wide"
         )

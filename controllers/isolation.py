@@ -14,6 +14,12 @@ sessions, drain, quarantine. What a verdict asks for:
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
   ``probation_s`` without a relapse, restore.
 
+A node's verdict (:class:`~schemas.verdicts.Level` ``node``: most of its devices
+deviate together, from a cause of the node's own such as its cooling) drains
+the node as one unit when ``dying``, one proposal to the guardrail for all its
+devices, and restores it after its probation. A rack's or a cohort's verdict
+isolates nothing: a rollout or a rack's air is not fixed by taking chips away.
+
 Every step up is a proposal to the shared :class:`~controllers.guardrail.Guardrail`
 (blast radius, rate, lockout, fail-static); a refusal is a decision too,
 retried no sooner than ``retry_s``. Restores are never refused.
@@ -66,6 +72,7 @@ class LadderReason(StrEnum):
     DEGRADING = "degrading"
     RECOVERED = "recovered"
     COMMON_MODE = "common_mode"  # a group's devices deviate together: no device isolated
+    NODE_FAULT = "node_fault"  # a node's devices deviate together: the node drained as one
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class LadderDecision:
     message: str
     verdict: Verdict
     weight_ratio: float | None = None
+    unit: Level = Level.DEVICE  # NODE: device_uuid names a node, stepped as one unit
 
 
 @dataclass(slots=True)
@@ -118,53 +126,128 @@ class IsolationLadder:
         self.config = config
         self.guard = guard
         self.devices: dict[str, LadderState] = {}
+        self.nodes: dict[str, LadderState] = {}  # nodes judged as one unit (node verdicts)
+        self.node_devices: dict[str, set[str]] = {}  # node -> its devices, from their verdicts
 
     def rung(self, device_uuid: str) -> Rung:
         d = self.devices.get(device_uuid)
         return Rung.ACTIVE if d is None else d.rung
 
     def state(self, device_uuid: str) -> LadderState | None:
-        """A device's place on the ladder (``None``: no verdict seen for it)."""
-        return self.devices.get(device_uuid)
+        """A device's (or a node unit's) place on the ladder (``None``: no verdict seen)."""
+        return self.devices.get(device_uuid) or self.nodes.get(device_uuid)
 
     def adopt(self, device_uuid: str, state: LadderState) -> None:
-        """Resume a device where a previous process left it (from its durable state)."""
+        """Resume a device (or a node unit, by its verdict's level) where a previous process
+        left it (from its durable state)."""
+        if state.verdict.level is Level.NODE:
+            self.nodes[device_uuid] = state
+            return
         self.guard.register(device_uuid, pool=state.verdict.pool, rack=state.verdict.rack_id)
         self.devices[device_uuid] = state
 
     def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:
         """A new verdict arrived; returns the steps it causes (maybe none). A verdict older
-        than the device's last one changes nothing; a group's verdict (common mode) moves no
-        device (:func:`planning.isolation.attribute` records it)."""
+        than the device's last one changes nothing. A node's verdict (its devices deviate
+        together, from a cause of the node's own: its cooling, its inlet air, its host) drains
+        the node as one unit (:meth:`_node_step`); a rack's or a cohort's moves no device
+        (:func:`planning.isolation.attribute` records it)."""
+        if verdict.level is Level.NODE:
+            return self._node_verdict(verdict, now)
         if verdict.level is not Level.DEVICE:
             return []
         self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
         self.guard.observe(verdict.observed_at)
+        self.node_devices.setdefault(verdict.node_id, set()).add(verdict.device_uuid)
         d = self.devices.get(verdict.device_uuid)
         if d is None:
             d = self.devices[verdict.device_uuid] = LadderState(verdict)
         elif verdict.observed_at < d.verdict.observed_at:
             return []  # older than what the ladder acted on (a replay after a restart): no news
+        self._update(d, verdict)
+        return self._step(verdict.device_uuid, d, now)
+
+    def _node_verdict(self, verdict: Verdict, now: datetime) -> list[LadderDecision]:
+        node = verdict.scope or verdict.device_uuid
+        self.guard.observe(verdict.observed_at)
+        d = self.nodes.get(node)
+        if d is None:
+            d = self.nodes[node] = LadderState(verdict)
+        elif verdict.observed_at < d.verdict.observed_at:
+            return []
+        self._update(d, verdict)
+        return self._node_step(node, d, now)
+
+    @staticmethod
+    def _update(state: LadderState, verdict: Verdict) -> None:
+        """Take ``verdict`` as the latest word on ``state`` (probation, refusals to forget)."""
         worse = verdict.status is not HealthStatus.HEALTHY
         if worse:
-            d.healthy_since = None
-        elif d.healthy_since is None or d.verdict.status is not HealthStatus.HEALTHY:
-            d.healthy_since = verdict.observed_at
+            state.healthy_since = None
+        elif state.healthy_since is None or state.verdict.status is not HealthStatus.HEALTHY:
+            state.healthy_since = verdict.observed_at
         if (
-            verdict.status is not d.verdict.status
-            or confirmed(verdict) is not confirmed(d.verdict)
-            or d.refused_for == GuardReason.STALE_TELEMETRY
+            verdict.status is not state.verdict.status
+            or confirmed(verdict) is not confirmed(state.verdict)
+            or state.refused_for == GuardReason.STALE_TELEMETRY
         ):
-            d.refused_at = None  # new or fresh evidence: a refused step may be asked again
-        d.verdict = verdict
-        return self._step(verdict.device_uuid, d, now)
+            state.refused_at = None  # new or fresh evidence: a refused step may be asked again
+        state.verdict = verdict
 
     def tick(self, now: datetime) -> list[LadderDecision]:
         """Time passed: dwell times and probations may have run out."""
         out: list[LadderDecision] = []
         for device_uuid, d in self.devices.items():
             out.extend(self._step(device_uuid, d, now))
+        for node, d in self.nodes.items():
+            out.extend(self._node_step(node, d, now))
         return out
+
+    def _node_step(self, node: str, state: LadderState, now: datetime) -> list[LadderDecision]:
+        """A node whose devices deviate together: drained as one unit past the guardrail
+        (one action for its rate limit, every device for its blast radius), restored after
+        ``probation_s`` healthy. Its devices' own ladders go on beside it: a device isolated
+        for its own fault stays isolated when the node comes back."""
+        c, v = self.config, state.verdict
+        members = tuple(sorted(self.node_devices.get(node, ())))
+        if v.status is HealthStatus.HEALTHY:
+            if state.rung is Rung.ACTIVE or state.healthy_since is None:
+                return []
+            if (now - state.healthy_since).total_seconds() < c.probation_s:
+                return []
+            back = tuple(m for m in members if self.rung(m) is Rung.ACTIVE)
+            if back:
+                self.guard.check(Proposal(node, isolate=False, members=back), now=now)
+            state.rung, state.rung_at = Rung.ACTIVE, now
+            message = f"node healthy for {c.probation_s:g}s: restore its {len(back)} devices"
+            return [
+                LadderDecision(
+                    node, RouteAction.RESTORE, Rung.ACTIVE, True, LadderReason.RECOVERED.value,
+                    message, v, unit=Level.NODE,
+                )
+            ]  # fmt: skip
+        if v.status is not HealthStatus.DYING or state.rung is not Rung.ACTIVE or not members:
+            return []
+        if state.refused_at is not None and (now - state.refused_at).total_seconds() < c.retry_s:
+            return []
+        guard = self.guard.check(Proposal(node, isolate=True, members=members), now=now)
+        drain = RouteAction.DRAIN
+        if not guard.allowed:
+            state.refused_at, state.refused_for = now, guard.reason.value
+            return [
+                LadderDecision(
+                    node, drain, Rung.DRAINED, False, guard.reason.value, guard.message, v,
+                    unit=Level.NODE,
+                )
+            ]  # fmt: skip
+        state.rung, state.rung_at, state.refused_at = Rung.DRAINED, now, None
+        message = f"{v.attribution}; the node's {len(members)} devices drained as one unit"
+        return [
+            LadderDecision(
+                node, drain, Rung.DRAINED, True, LadderReason.NODE_FAULT.value, message[:1024], v,
+                unit=Level.NODE,
+            )
+        ]  # fmt: skip
 
     def _step(self, device_uuid: str, device: LadderState, now: datetime) -> list[LadderDecision]:
         c, v = self.config, device.verdict

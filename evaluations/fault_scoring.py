@@ -309,6 +309,9 @@ def score(
             storms[0] += taken is not None and taken < f.params["lead_s"]
     false_isolations = 0
     causes: list[str] = []
+    node_devices: dict[str, set[str]] = defaultdict(set)
+    for v in verdicts:
+        node_devices[v.node_id].add(v.device_uuid)
     latency = []
     verdict_latency = []
     actions: dict[str, int] = defaultdict(int)
@@ -320,10 +323,20 @@ def score(
         actions[d.action] += 1
         if d.action in ("restore", ATTRIBUTE):
             continue  # neither isolates a device
-        if not touching(d.target, d.decided_at):
-            false_isolations += 1
+        node = node_devices.get(d.target)  # a node drained as one unit: each of its devices
+        hit = (
+            touching(d.target, d.decided_at)
+            if node is None
+            else any(touching(m, d.decided_at) for m in node)
+            or any(d.target in f.scopes and f.start <= d.decided_at <= f.end + grace
+                   for f in faults)
+        )  # fmt: skip
+        if not hit:
+            false_isolations += 1 if node is None else len(node)
+            unit = "" if node is None else f" [node: {len(node)} devices]"
             causes.append(
-                f"{d.target}@{d.decided_at:%H:%M:%S} {d.action} ({d.reason}): {d.message[:160]}"
+                f"{d.target}@{d.decided_at:%H:%M:%S} {d.action}{unit} ({d.reason}): "
+                f"{d.message[:160]}"
             )
         appended = command_appended.get(d.command_id) if d.command_id else None
         if d.reason == "hard_fault" and appended and d.cause_appended_at:

@@ -63,12 +63,14 @@ def decide(step: LadderDecision, now: datetime, wiring: HealthWiring) -> Output[
     v = step.verdict
     decision_id = uuid.uuid4()
     command: RouteCommand | None = None
+    node = step.unit is Level.NODE  # a node drained or restored as one unit
+    target = Target(node_id=step.device_uuid) if node else Target(device_uuid=step.device_uuid)
     if not step.allowed:
         outcome = DecisionOutcome.REFUSED
     else:
         command = issue(
             RouteCommand, wiring, by=ISOLATION, at=now, decision_id=decision_id,
-            target=Target(device_uuid=step.device_uuid), reason=step.reason,
+            target=target, reason=step.reason,
             message=step.message, cause_event_id=v.cause_event_id,
             cause_observed_at=v.observed_at, action=step.action, weight_ratio=step.weight_ratio,
         )  # fmt: skip
@@ -78,8 +80,8 @@ def decide(step: LadderDecision, now: datetime, wiring: HealthWiring) -> Output[
         decided_at=now,
         controller=ISOLATION.name,
         target=step.device_uuid,
-        pool=v.pool,
-        rack_id=v.rack_id,
+        pool=None if v.pool == "*" else v.pool,
+        rack_id=None if v.rack_id == "*" else v.rack_id,
         action=step.action.value,
         outcome=outcome,
         reason=step.reason,
@@ -106,7 +108,9 @@ def attribute(verdict: Verdict, now: datetime) -> Output[RouteCommand] | None:
     flagged = verdict.status in (HealthStatus.DYING, HealthStatus.FAILED)
     if not flagged and verdict.previous_status in (HealthStatus.HEALTHY, HealthStatus.SUSPECT):
         return None
-    if flagged:
+    if flagged and verdict.level is Level.NODE:
+        message = f"{verdict.attribution}; alert raised, the node drained as one unit"
+    elif flagged:
         message = f"{verdict.attribution}; no device isolated for it, alert raised"
     else:
         message = f"{verdict.attribution}; alert cleared"

@@ -41,6 +41,7 @@ from schemas.state import (
     IsolationRecord,
     LadderEntry,
 )
+from schemas.verdicts import Level
 
 SIZES_EVERY_S = 30.0
 """A fleet that only grew (new devices, no decision) is written at most this often."""
@@ -182,7 +183,9 @@ def resume(
                     refused_for=e.refused_for,
                 ),
             )
-            if e.rung > Rung.ACTIVE:  # an isolated device counts, whatever the guardrail said
+            if e.rung > Rung.ACTIVE and e.verdict.level is Level.DEVICE:
+                # an isolated device counts, whatever the guardrail said (a node's devices
+                # are in the guardrail's own record)
                 resumed.guard.state.isolated.add(uuid)
     journal.adopt(kept)
     return resumed, journal

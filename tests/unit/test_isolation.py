@@ -11,7 +11,7 @@ from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision, Rung
 from schemas.base import AcceleratorType
 from schemas.commands import RouteAction
-from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Level, Signal, Verdict
 from tests.factories import START
 
 
@@ -141,3 +141,59 @@ def test_config_is_validated() -> None:
         LadderConfig(deweight_ratio=1.5)
     with pytest.raises(ValueError, match="probation_s"):
         LadderConfig(probation_s=float("nan"))
+
+
+def _node_verdict(node: str, status: HealthStatus, at_s: float) -> Verdict:
+    return _verdict(node, status, at_s).model_copy(
+        update={"level": Level.NODE, "scope": node, "node_id": node, "pool": "*", "members": 8,
+                "attribution": f"thermal_resid_celsius shared by its devices, node {node}"}
+    )  # fmt: skip
+
+
+def test_a_node_that_deviates_as_one_is_drained_as_one_unit_and_restored() -> None:
+    devices = {f"n1-gpu{i}": ("us-east-h100", "rack-0") for i in range(4)}
+    devices |= {f"n{k}-gpu0": ("us-east-h100", "rack-0") for k in range(2, 6)}
+    guard = Guardrail(
+        GuardrailConfig(max_isolated_ratio=1.0, rack_max_isolated_ratio=1.0, max_actions=2),
+        devices=devices,
+    )
+    ladder = IsolationLadder(LadderConfig(probation_s=60), guard)
+    for device in sorted(devices):  # the ladder learns each node's devices from their verdicts
+        assert ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0)) == []
+    [drain] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, 10), now=_at(10))
+    assert (drain.action, drain.unit, drain.device_uuid) == (RouteAction.DRAIN, Level.NODE, "n1")
+    assert (drain.allowed, drain.reason) == (True, "node_fault")
+    assert guard.state.isolated == {f"n1-gpu{i}" for i in range(4)}
+    assert len(guard.state.actions) == 1  # one unit, one action for the rate limit
+    assert ladder.verdict(_node_verdict("n1", HealthStatus.DYING, 20), now=_at(20)) == []
+    # one device of the node also fails on its own, and stays out when the node comes back
+    [q] = ladder.verdict(_verdict("n1-gpu2", HealthStatus.FAILED, 30), now=_at(30))
+    assert q.action is RouteAction.QUARANTINE and q.allowed
+    assert ladder.verdict(_node_verdict("n1", HealthStatus.HEALTHY, 40), now=_at(40)) == []
+    [back] = ladder.tick(_at(101))
+    assert (back.action, back.unit, back.reason) == (RouteAction.RESTORE, Level.NODE, "recovered")
+    assert guard.state.isolated == {"n1-gpu2"}
+    # a rack's or a cohort's verdict moves nothing
+    rack = _node_verdict("rack-0", HealthStatus.DYING, 110).model_copy(update={"level": Level.RACK})
+    assert ladder.verdict(rack, now=_at(110)) == []
+
+
+def test_a_node_drain_passes_the_blast_radius_for_every_device_it_takes() -> None:
+    devices = {f"n1-gpu{i}": ("us-east-h100", "rack-0") for i in range(4)}
+    devices |= {f"n{k}-gpu0": ("us-east-h100", "rack-0") for k in range(2, 10)}
+    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)  # pool: 10%
+    ladder = IsolationLadder(LadderConfig(), guard)
+    for device in sorted(devices):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
+    [out] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.FAILED, 5), now=_at(5))
+    assert out.allowed  # one device out of the pool's 12: its 10% cap (1) is spent
+    [refused] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, 10), now=_at(10))
+    assert (refused.allowed, refused.reason) == (False, "pool_cap")
+    assert "1 (+4) of 12" in refused.message and guard.state.isolated == {"n2-gpu0"}
+    ladder.verdict(_verdict("n2-gpu0", HealthStatus.HEALTHY, 11), now=_at(11))
+    at = 11 + LadderConfig().probation_s
+    [back] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.HEALTHY, at), now=_at(at))
+    assert back.action is RouteAction.RESTORE
+    # nothing else out: a pool may always lose one node, though it is over its 10%
+    [drain] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, at), now=_at(at))
+    assert (drain.action, drain.unit, drain.allowed) == (RouteAction.DRAIN, Level.NODE, True)
