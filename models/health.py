@@ -46,7 +46,10 @@ reasons) is slow by the power controller's hand: its TPOT is neither judged nor
 learned from until the cap is lifted. Its probes are judged over its clock
 ratio (GEMM throughput follows the SM clock) once its clocks have held steady
 for ``clock_settle_s``, against uncapped peers; they are not learned from.
-- ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``.
+- ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``,
+  while they keep coming: the reading is 0 once the newest is older than the
+  window over the count (the mean gap the rule asks for), so a device that
+  stopped flapping is not stepped further on what it did minutes ago.
 
 Per-device state is a slotted record of a few dozen numbers (well under
 2 KiB pickled; a test measures it); the river models live per cohort.
@@ -485,7 +488,7 @@ class HealthDetector:
             return Reading(name=name, value=device.probe_slow, threshold=2)
         if name == "probe_gap":  # what a slow probe is slow by (the group's measure)
             return Reading(name=name, value=device.probe_gap, threshold=c.probe_margin_ratio)
-        return Reading(name=name, value=len(device.xid_times), threshold=c.xid_flap_count)
+        return Reading(name=name, value=self._xid_flaps(device, at_s), threshold=c.xid_flap_count)
 
     def _shared(self, device_uuid: str, device: DeviceState, name: str, at_s: float) -> bool:
         """Whether ``device``'s ``name``, over its threshold, is a deviation its groups share."""
@@ -544,8 +547,16 @@ class HealthDetector:
             excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
             soft.append(Reading("tpot_vs_peers_log", excess, limit))
         soft.append(Reading("probe_slow", device.probe_slow, 2))
-        soft.append(Reading("xid_flaps", len(device.xid_times), c.xid_flap_count))
+        soft.append(Reading("xid_flaps", self._xid_flaps(device, at_s), c.xid_flap_count))
         return hard, soft
+
+    def _xid_flaps(self, device: DeviceState, at_s: float) -> int:
+        """Non-fatal XIDs in the flap window, while they keep coming (0 once the newest is
+        older than the mean gap the rule asks for: window over count)."""
+        c, times = self.config, device.xid_times
+        if not times or at_s - times[-1] > c.xid_flap_window_s / c.xid_flap_count:
+            return 0
+        return len(times)
 
     def _judge(
         self,

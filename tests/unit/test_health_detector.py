@@ -75,6 +75,13 @@ def test_repeated_non_fatal_xids_mark_a_device_dying() -> None:
         )
         statuses += [v.status for v in det.accelerator(s)]
     assert statuses == [HealthStatus.SUSPECT, HealthStatus.DYING]
+    # they stop: past the mean gap the rule asks for (300 s / 3) it is flapping no longer,
+    # though the three are still in the window; nothing steps it further on them
+    quiet = sim.telemetry.device_sample(dev).model_copy(
+        update={"observed_at": sim.now + timedelta(seconds=40 + 101)}
+    )
+    [v] = det.accelerator(quiet)
+    assert v.status is HealthStatus.HEALTHY and len(det.devices[dev.uuid].xid_times) == 3
 
 
 def test_heartbeat_loss_fails_a_node_but_a_blind_pipeline_stays_static() -> None:
