@@ -20,7 +20,7 @@ from schemas.base import AcceleratorType
 from schemas.codec import decode, encode
 from schemas.commands import RouteAction, RouteCommand
 from schemas.state import IsolationRecord
-from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Signal, Verdict
+from schemas.verdicts import HARD_CONFIRMED, HealthStatus, Level, Signal, Verdict
 from tests.factories import COMMAND_KEYS, START
 
 POOL = "us-east-h100"
@@ -197,3 +197,30 @@ def test_state_stays_as_small_as_the_isolated_set() -> None:
     assert sorted(topic) == ["device/" + DEVICES[2], "guardrail"]
     journal = IsolationJournal()
     assert journal.pending(_at(0)) == []
+
+
+def test_a_node_drained_as_one_unit_survives_a_restart_and_is_restored_once() -> None:
+    topic: dict[str, bytes] = {}
+    wiring = HealthWiring(
+        signing_key=("k1", COMMAND_KEYS["k1"]),
+        guardrail=GuardrailConfig(max_isolated_ratio=1.0, rack_max_isolated_ratio=1.0),
+    )
+    p = Process(topic, wiring)
+    p.feed(_fleet({}, 0), 0)
+    hot = _verdict("node-00001", HealthStatus.DYING, 5).model_copy(
+        update={"level": Level.NODE, "scope": "node-00001", "pool": "*", "members": 8,
+                "attribution": "thermal_resid_celsius shared by its devices"}
+    )  # fmt: skip
+    p.feed([hot], 5)
+    assert p.issued == [("node-00001", RouteAction.DRAIN)]
+    node_devices = set(DEVICES[8:])
+    assert p.isolated() == node_devices
+    p = Process(topic, wiring)  # SIGKILL and start again
+    assert p.isolated() == node_devices  # the guardrail's own record: no node id in it
+    assert p.ladder.state("node-00001") is not None
+    p.feed(_fleet({}, 10), 10)  # its devices' verdicts teach the new ladder the node again
+    cool = hot.model_copy(update={"status": HealthStatus.HEALTHY, "observed_at": _at(20)})
+    p.feed([cool], 20)
+    p.tick(20 + wiring.ladder.probation_s)
+    assert p.issued == [("node-00001", RouteAction.RESTORE)]
+    assert p.isolated() == set()
