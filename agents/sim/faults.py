@@ -174,7 +174,8 @@ class FaultClock:
                 if t_s >= s.start_s + p("lead_s"):
                     a.dbe_now.add(f.device_uuid)
             elif k is FaultKind.GREY_SLOWDOWN and f.device_uuid:
-                a.slowdown[f.device_uuid] = p("slowdown_ratio")
+                before = a.slowdown.get(f.device_uuid, 0.0)  # on top of a rollout's, in any order
+                a.slowdown[f.device_uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
             elif k is FaultKind.FLAPPING_XID and f.device_uuid:
                 a.xid[f.device_uuid] = (int(p("xid")), p("period_s"))
                 a.xid_error_ratio[f.device_uuid] = p("errors_ratio")

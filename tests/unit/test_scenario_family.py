@@ -122,6 +122,17 @@ def test_a_rollout_slows_its_cohort_and_nothing_else() -> None:
     for dev in sim.fleet.devices.values():
         slowed = dev.spec.kind.value == "A100"
         assert dev.health == pytest.approx(1 / 1.15 if slowed else 1.0)
+    # a chip of that type going slow on its own is slower still, whichever fault comes first
+    a100 = next(d for d in sim.fleet.devices.values() if d.spec.kind.value == "A100")
+    node = int(a100.node.node_id.split("-")[1])
+    grey = FaultSpec(
+        kind=FaultKind.GREY_SLOWDOWN, target=TargetSpec(node=node, device=a100.index),
+        start_s=0, duration_s=600, params={"slowdown_ratio": 0.2},
+    )  # fmt: skip
+    for faults in ((rollout, grey), (grey, rollout)):
+        both = _sim(*faults)
+        both.tick(0)
+        assert both.fleet.devices[a100.uuid].health == pytest.approx(1 / (1.15 * 1.2))
     by_model = _sim(
         FaultSpec(
             kind=FaultKind.ROLLOUT_SLOWDOWN, target=TargetSpec(model="qwen-7b", region="us-east"),
