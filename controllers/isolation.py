@@ -159,28 +159,37 @@ class IsolationLadder:
         self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
         self.guard.observe(verdict.observed_at)
         self.node_devices.setdefault(verdict.node_id, set()).add(verdict.device_uuid)
-        d = self.devices.get(verdict.device_uuid)
-        if d is None:
-            d = self.devices[verdict.device_uuid] = LadderState(verdict)
-        elif verdict.observed_at < d.verdict.observed_at:
-            return []  # older than what the ladder acted on (a replay after a restart): no news
-        self._update(d, verdict)
-        return self._step(verdict.device_uuid, d, now)
+        d = self._latest(self.devices, verdict.device_uuid, verdict)
+        return [] if d is None else self._step(verdict.device_uuid, d, now)
 
     def _node_verdict(self, verdict: Verdict, now: datetime) -> list[LadderDecision]:
         node = verdict.scope or verdict.device_uuid
         self.guard.observe(verdict.observed_at)
-        d = self.nodes.get(node)
-        if d is None:
-            d = self.nodes[node] = LadderState(verdict)
-        elif verdict.observed_at < d.verdict.observed_at:
-            return []
-        self._update(d, verdict)
-        return self._node_step(node, d, now)
+        d = self._latest(self.nodes, node, verdict)
+        return [] if d is None else self._node_step(node, d, now)
+
+    def _probation_over(self, state: LadderState, now: datetime) -> bool:
+        """Off the bottom rung and healthy for ``probation_s`` without a relapse."""
+        if state.rung is Rung.ACTIVE or state.healthy_since is None:
+            return False
+        return (now - state.healthy_since).total_seconds() >= self.config.probation_s
+
+    def _retry_pending(self, state: LadderState, now: datetime) -> bool:
+        """Refused less than ``retry_s`` ago: not asked again yet."""
+        if state.refused_at is None:
+            return False
+        return (now - state.refused_at).total_seconds() < self.config.retry_s
 
     @staticmethod
-    def _update(state: LadderState, verdict: Verdict) -> None:
-        """Take ``verdict`` as the latest word on ``state`` (probation, refusals to forget)."""
+    def _latest(table: dict[str, LadderState], key: str, verdict: Verdict) -> LadderState | None:
+        """``key``'s state with ``verdict`` taken as the latest word on it (probation,
+        refusals to forget); None when the verdict is older than the one the ladder acted on
+        (a replay after a restart): no news."""
+        state = table.get(key)
+        if state is None:
+            state = table[key] = LadderState(verdict)
+        elif verdict.observed_at < state.verdict.observed_at:
+            return None
         worse = verdict.status is not HealthStatus.HEALTHY
         if worse:
             state.healthy_since = None
@@ -193,6 +202,7 @@ class IsolationLadder:
         ):
             state.refused_at = None  # new or fresh evidence: a refused step may be asked again
         state.verdict = verdict
+        return state
 
     def tick(self, now: datetime) -> list[LadderDecision]:
         """Time passed: dwell times and probations may have run out."""
@@ -211,9 +221,7 @@ class IsolationLadder:
         c, v = self.config, state.verdict
         members = tuple(sorted(self.node_devices.get(node, ())))
         if v.status is HealthStatus.HEALTHY:
-            if state.rung is Rung.ACTIVE or state.healthy_since is None:
-                return []
-            if (now - state.healthy_since).total_seconds() < c.probation_s:
+            if not self._probation_over(state, now):
                 return []
             back = tuple(m for m in members if self.rung(m) is Rung.ACTIVE)
             if back:
@@ -228,7 +236,7 @@ class IsolationLadder:
             ]  # fmt: skip
         if v.status is not HealthStatus.DYING or state.rung is not Rung.ACTIVE or not members:
             return []
-        if state.refused_at is not None and (now - state.refused_at).total_seconds() < c.retry_s:
+        if self._retry_pending(state, now):
             return []
         guard = self.guard.check(Proposal(node, isolate=True, members=members), now=now)
         drain = RouteAction.DRAIN
@@ -253,9 +261,7 @@ class IsolationLadder:
         c, v = self.config, device.verdict
         status = v.status
         if status is HealthStatus.HEALTHY:
-            if device.rung is Rung.ACTIVE or device.healthy_since is None:
-                return []
-            if (now - device.healthy_since).total_seconds() < c.probation_s:
+            if not self._probation_over(device, now):
                 return []
             guard = self.guard.check(Proposal(device_uuid, isolate=False), now=now)
             device.rung, device.rung_at = Rung.ACTIVE, now
@@ -280,7 +286,7 @@ class IsolationLadder:
         )
         if not hard and device.rung is not Rung.ACTIVE and dwelling:
             return []
-        if device.refused_at is not None and (now - device.refused_at).total_seconds() < c.retry_s:
+        if self._retry_pending(device, now):
             return []
         if hard and device.refused_at is not None and latched(v):
             return []  # refused once; retried only while the device still reports it

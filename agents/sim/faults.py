@@ -174,8 +174,7 @@ class FaultClock:
                 if t_s >= s.start_s + p("lead_s"):
                     a.dbe_now.add(f.device_uuid)
             elif k is FaultKind.GREY_SLOWDOWN and f.device_uuid:
-                before = a.slowdown.get(f.device_uuid, 0.0)  # on top of a rollout's, in any order
-                a.slowdown[f.device_uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
+                _compound(a.slowdown, f.device_uuid, p("slowdown_ratio"))  # with a rollout's
             elif k is FaultKind.FLAPPING_XID and f.device_uuid:
                 a.xid[f.device_uuid] = (int(p("xid")), p("period_s"))
                 a.xid_error_ratio[f.device_uuid] = p("errors_ratio")
@@ -197,8 +196,7 @@ class FaultClock:
                 slowed = a.slowdown if f.accelerator_type is not None else a.serving_slowdown
                 for dev in fleet.devices.values():
                     if _in_cohort(f, dev.spec.kind.value, dev.model, dev.node.region):
-                        before = slowed.get(dev.uuid, 0.0)  # slowdowns compound
-                        slowed[dev.uuid] = (1 + before) * (1 + p("slowdown_ratio")) - 1
+                        _compound(slowed, dev.uuid, p("slowdown_ratio"))
             elif k is FaultKind.POWER_BRAKE and f.rack_id:
                 a.brake[f.rack_id] = min(a.brake.get(f.rack_id, 1.0), p("clock_ratio"))
             elif k is FaultKind.INLET_HEAT and f.rack_id:
@@ -248,3 +246,9 @@ class FaultClock:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.truth(start)))
         tmp.replace(path)
+
+
+def _compound(slowdowns: dict[str, float], device_uuid: str, ratio: float) -> None:
+    """Slow ``device_uuid`` by ``ratio`` more: slowdowns compound, in any order."""
+    before = slowdowns.get(device_uuid, 0.0)
+    slowdowns[device_uuid] = (1 + before) * (1 + ratio) - 1
