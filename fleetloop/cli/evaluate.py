@@ -61,7 +61,9 @@ def _cmd_eval_faults(args: argparse.Namespace) -> int:
 
 def _cmd_eval_nab(args: argparse.Namespace) -> int:
     from evaluations.nab import (
+        format_loco,
         format_nab,
+        leave_one_category_out,
         read_corpus,
         read_results,
         run_detector,
@@ -86,11 +88,15 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
     # the baseline, measured in the same run on the same files
     baseline = score_corpus(run_detector(corpus, "windowed_gaussian"), windows)
     result["baseline_windowed_gaussian"] = baseline["score_standard"]
+    if args.loco:
+        result["leave_one_category_out"] = leave_one_category_out(corpus, windows)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print(format_nab(f"fleetloop's stream scorer on {args.dir}", result))
         print(f"windowed Gaussian baseline on the same files: {baseline['score_standard']}")
+        if args.loco:
+            print("\n" + format_loco(result["leave_one_category_out"]))
     return 0
 
 
@@ -152,6 +158,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--score-only",
         metavar="RESULTS_DIR",
         help="score detector outputs in NAB's results layout instead of running ours",
+    )
+    nab.add_argument(
+        "--loco",
+        action="store_true",
+        help="also validate leaving one category out (settings and threshold from the others)",
     )
     nab.add_argument(
         "--detector", action="append", help="with --score-only: only this detector (repeatable)"
