@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from evaluations.nab_scoring import (
     normalised,
     sweep,
 )
-from models.univariate import StreamScorer, StreamScorerConfig, WindowedGaussian
+from models.univariate import StreamScorer, StreamScorerConfig, WindowedGaussian, neighbours
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,21 +119,8 @@ def write_results(scored: list[Series], out: Path, detector: str) -> None:
                 w.writerow([t.isoformat(sep=" "), v, f"{a:.6f}"])
 
 
-# the settings leave-one-category-out chooses among: the defaults, and each of the
-# likelihood's short window, the refractory period and the sequence memory's order halved
-# and doubled (or one shorter and longer), one at a time
-_DEFAULT = StreamScorerConfig()
-LOCO_GRID: dict[str, StreamScorerConfig] = {"defaults": _DEFAULT} | {
-    f"{field}={value}": replace(_DEFAULT, **{field: value})
-    for field, value in (
-        ("short", _DEFAULT.short // 2),
-        ("short", _DEFAULT.short * 2),
-        ("refractory", _DEFAULT.refractory // 2),
-        ("refractory", _DEFAULT.refractory * 2),
-        ("context_order", _DEFAULT.context_order - 1),
-        ("context_order", _DEFAULT.context_order + 1),
-    )
-}
+# the settings leave-one-category-out chooses among (models.univariate.neighbours)
+LOCO_GRID: dict[str, StreamScorerConfig] = neighbours()
 
 
 def _category(name: str) -> str:
@@ -193,8 +180,9 @@ def leave_one_category_out(
 
 
 def format_loco(result: dict[str, dict[str, Any]]) -> str:
-    def cell(r: dict[str, Any]) -> str:
-        return f"{r['raw']:.2f} raw" if r["score"] is None else f"{r['score']:.2f}"
+    def cell(scored: dict[str, Any]) -> str:
+        raw, score = scored["raw"], scored["score"]
+        return f"{raw:.2f} raw" if score is None else f"{score:.2f}"
 
     lines = [
         "leave one category out: each held-out category scored with a threshold chosen on the"

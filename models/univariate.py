@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 
@@ -78,6 +78,25 @@ class StreamScorerConfig:
     alarm: float = 0.995
     refractory: int = 300
     min_spread: float = 0.01  # the history's spread is never taken as tighter than this
+
+
+def neighbours(config: StreamScorerConfig | None = None) -> dict[str, StreamScorerConfig]:
+    """``config`` (the defaults) by name, and its neighbours: the likelihood's short window,
+    the refractory period and the sequence memory's order each halved and doubled (or one
+    shorter and one longer), one at a time. What ``eval nab --loco`` chooses among."""
+    base = config or StreamScorerConfig()
+    changes = (
+        ("short", base.short // 2),
+        ("short", base.short * 2),
+        ("refractory", base.refractory // 2),
+        ("refractory", base.refractory * 2),
+        ("context_order", base.context_order - 1),
+        ("context_order", base.context_order + 1),
+    )
+    out = {"defaults": base}
+    for field, value in changes:
+        out[f"{field}={value}"] = replace(base, **{field: value})
+    return out
 
 
 class StreamScorer:
