@@ -14,7 +14,15 @@ the first that refuses names the reason:
 3. blast radius: at most ``max_isolated_ratio`` of any pool and
    ``rack_max_isolated_ratio`` of any rack isolated at once, but always at
    least ``min_isolated`` device (Envoy's outlier detection ejects at most 10% of a
-   cluster by default; a rack holds few nodes, so its default is a node's share);
+   cluster by default; a rack holds few nodes, so its default is a node's share).
+   A pool's cap counts devices taken out one by one: one whole node out (every
+   device of it isolated: drained as a unit, or quarantined when it went silent)
+   is the pool's spare node, beside its cap, not in it. Pools are provisioned a
+   node spare, and hardware fails in nodes; without it, one crashed 8-device
+   node filled a 10% cap of 80 devices and held every device fault of the pool
+   back until the node came back. A node counts as whole only once its devices
+   are known: none has joined for ``node_settle_s`` (after a restart, verdicts
+   name a node's devices one by one, and the first two out are not the node);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 A unit of devices taken out together (a node drained as one, ``Proposal.members``)
@@ -66,6 +74,9 @@ class GuardReason(StrEnum):
     UNKNOWN_DEVICE = "unknown_device"
 
 
+POOL = GuardReason.POOL_CAP
+
+
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
     max_isolated_ratio: float = 0.10
@@ -76,13 +87,14 @@ class GuardrailConfig:
     stale_after_s: float = 30.0
     lockout_ratio: float = 0.5
     lockout_window_s: float = 300.0
+    node_settle_s: float = 60.0  # a node's devices are known once none joined for this long
 
     def __post_init__(self) -> None:
         for name in ("max_isolated_ratio", "rack_max_isolated_ratio", "lockout_ratio"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 1.0):
                 raise ValueError(f"{name} must be in (0, 1], not {value!r}")
-        for name in ("rate_window_s", "stale_after_s", "lockout_window_s"):
+        for name in ("rate_window_s", "stale_after_s", "lockout_window_s", "node_settle_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
@@ -150,7 +162,7 @@ class GuardrailState:
 class Guardrail:
     """Allows or refuses each isolation and scaling step: caps per pool and rack, a rate
     limit, fail-static on stale telemetry, and a lockout a person lifts. ``devices`` maps
-    each device to its (pool, rack)."""
+    each device to its (pool, rack); :meth:`register` may name its node too."""
 
     def __init__(
         self,
@@ -166,12 +178,30 @@ class Guardrail:
         self._rack_size: dict[str, int] = {}
         self._scaling: dict[str, list[datetime]] = {}  # scope -> recent cools
         self._floor = Sizes(0, {}, {})  # sizes a previous process counted (see resume)
+        self.node_of: dict[str, str] = {}  # device -> its node, where registered with one
+        self._node_devices: dict[str, set[str]] = {}
+        self._node_grew: dict[str, datetime | None] = {}  # when its newest device was seen
         for pool, rack in self.devices.values():
             self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
             self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
 
-    def register(self, device_uuid: str, *, pool: str, rack: str) -> None:
-        """A device the guardrail had not seen (fleets grow; verdicts name their place)."""
+    def register(
+        self,
+        device_uuid: str,
+        *,
+        pool: str,
+        rack: str,
+        node: str | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        """A device the guardrail had not seen (fleets grow; verdicts name their place), and
+        its node, when known, seen at ``at`` (a whole node out is its pool's spare: see the
+        blast radius; without ``at`` its node never counts as whole)."""
+        if node is not None and device_uuid not in self.node_of:
+            self.node_of[device_uuid] = node
+            self._node_devices.setdefault(node, set()).add(device_uuid)
+            grew = self._node_grew.get(node, at)
+            self._node_grew[node] = None if at is None or grew is None else max(grew, at)
         if device_uuid in self.devices:
             return
         self.devices[device_uuid] = (pool, rack)
@@ -280,10 +310,14 @@ class Guardrail:
                 limit = self.cap(size, ratio)
                 if proposal.members:  # a pool or rack may always lose one node, the unit of
                     limit = max(limit, count)  # hardware failure, when nothing else is out
-                if members + count > limit:
+                spare = self._spare_node(key, s.isolated | set(new), now) if reason is POOL else 0
+                if members + count - spare > limit:
                     adds = f" (+{count})" if count > 1 else ""
+                    spared = f", {spare} of them its spare node" if spare else ""
                     return GuardDecision(
-                        False, reason, f"{key}: {members}{adds} of {size} isolated, cap {limit}"
+                        False,
+                        reason,
+                        f"{key}: {members}{adds} of {size} isolated{spared}, cap {limit}",
                     )
         in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
         if len(in_window) >= c.max_actions and not proposal.hard:
@@ -302,6 +336,23 @@ class Guardrail:
         return GuardDecision(
             True, GuardReason.ALLOWED, f"{pool}: {len(s.isolated)} isolated fleet-wide"
         )
+
+    def _spare_node(self, pool: str, isolated: set[str], now: datetime) -> int:
+        """The devices of the largest node of ``pool`` wholly in ``isolated`` (two devices or
+        more, none joined in the last ``node_settle_s``): its spare node, not in its cap."""
+        whole = 0
+        settled = timedelta(seconds=self.config.node_settle_s)
+        for node in {self.node_of[d] for d in isolated if d in self.node_of}:
+            devices, grew = self._node_devices[node], self._node_grew[node]
+            if (
+                len(devices) >= 2
+                and grew is not None
+                and now - grew >= settled
+                and devices <= isolated
+                and all(self._where(d, POOL) == pool for d in devices)
+            ):
+                whole = max(whole, len(devices))
+        return whole
 
     def _where(self, device: str, reason: GuardReason) -> str | None:
         where = self.devices.get(device)

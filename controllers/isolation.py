@@ -143,7 +143,10 @@ class IsolationLadder:
         if state.verdict.level is Level.NODE:
             self.nodes[device_uuid] = state
             return
-        self.guard.register(device_uuid, pool=state.verdict.pool, rack=state.verdict.rack_id)
+        v = state.verdict
+        self.guard.register(
+            device_uuid, pool=v.pool, rack=v.rack_id, node=v.node_id, at=v.observed_at
+        )
         self.devices[device_uuid] = state
 
     def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:
@@ -156,7 +159,13 @@ class IsolationLadder:
             return self._node_verdict(verdict, now)
         if verdict.level is not Level.DEVICE:
             return []
-        self.guard.register(verdict.device_uuid, pool=verdict.pool, rack=verdict.rack_id)
+        self.guard.register(
+            verdict.device_uuid,
+            pool=verdict.pool,
+            rack=verdict.rack_id,
+            node=verdict.node_id,
+            at=verdict.observed_at,
+        )
         self.guard.observe(verdict.observed_at)
         self.node_devices.setdefault(verdict.node_id, set()).add(verdict.device_uuid)
         d = self._latest(self.devices, verdict.device_uuid, verdict)

@@ -135,6 +135,61 @@ def test_racks_have_their_own_ratio_and_devices_can_join_later() -> None:
     assert _isolate(g, "new-d0") is GuardReason.ALLOWED
 
 
+def _pool_of_nodes(settled_s: float) -> tuple[Guardrail, dict[str, list[str]]]:
+    """One pool of 20 devices (cap 2) in five nodes of four, one rack per node, each device
+    registered with its node ``settled_s`` before the checks."""
+    g = Guardrail(
+        GuardrailConfig(max_isolated_ratio=0.1, rack_max_isolated_ratio=1.0, max_actions=100),
+        devices={},
+    )
+    nodes = {f"n{k}": [f"n{k}-gpu{i}" for i in range(4)] for k in range(5)}
+    for node, devices in nodes.items():
+        for d in devices:
+            g.register(d, pool="p", rack=f"rack-{node}", node=node, at=START)
+    g.observe(START + timedelta(seconds=settled_s))
+    return g, nodes
+
+
+def test_one_whole_node_out_is_the_pools_spare_not_in_its_cap() -> None:
+    g, nodes = _pool_of_nodes(settled_s=61)
+    now = START + timedelta(seconds=61)
+    drain = g.check(Proposal("n0", isolate=True, members=tuple(nodes["n0"])), now=now)
+    assert drain.allowed  # a node as one unit, nothing else out
+    for d in ("n1-gpu0", "n2-gpu0"):  # the pool's cap of 2 is still whole for devices
+        assert g.check(Proposal(d, isolate=True), now=now).allowed
+    third = g.check(Proposal("n3-gpu0", isolate=True), now=now)
+    assert (third.allowed, third.reason) == (False, GuardReason.POOL_CAP)
+    assert "6 of 20 isolated, 4 of them its spare node, cap 2" in third.message
+    # one spare: a second whole node counts in full
+    second = g.check(Proposal("n4", isolate=True, members=tuple(nodes["n4"])), now=now)
+    assert (second.allowed, second.reason) == (False, GuardReason.POOL_CAP)
+    # a node out device by device is whole once its last device is out
+    g.check(Proposal("n0", isolate=False, members=tuple(nodes["n0"])), now=now)
+    g.check(Proposal("n2-gpu0", isolate=False), now=now)
+    assert g.check(Proposal("n1-gpu1", isolate=True), now=now).allowed  # n1: 2 of 4, cap 2
+    assert not g.check(Proposal("n1-gpu2", isolate=True), now=now).allowed  # 3 of 4: not whole
+
+
+def test_a_node_whose_devices_are_still_being_named_is_not_a_spare() -> None:
+    """After a restart the ladder names a node's devices as their verdicts come: the first
+    two out are not the node, whatever the guardrail has seen of it so far."""
+    g, nodes = _pool_of_nodes(settled_s=10)  # every device seen 10 s ago: not settled
+    now = START + timedelta(seconds=10)
+    assert g.check(Proposal("n0", isolate=True, members=tuple(nodes["n0"])), now=now).allowed
+    late = g.check(Proposal("n1-gpu0", isolate=True), now=now)
+    assert (late.allowed, late.reason) == (False, GuardReason.POOL_CAP)  # 5 of 20, cap 2
+    later = START + timedelta(seconds=100)
+    g.observe(later)  # n0 has settled now: it is the spare, and one device more fits
+    assert g.check(Proposal("n1-gpu0", isolate=True), now=later).allowed
+    g2, _ = _pool_of_nodes(settled_s=100)
+    g2.register("n9-gpu0", pool="p", rack="rack-n9", node="n9")  # no time: it never settles
+    g2.register("n9-gpu1", pool="p", rack="rack-n9", node="n9", at=START)
+    assert g2.check(Proposal("n1-gpu0", isolate=True), now=later).allowed
+    pair = ("n9-gpu0", "n9-gpu1")
+    out = g2.check(Proposal("n9", isolate=True, members=pair), now=later)
+    assert (out.allowed, out.reason) == (False, GuardReason.POOL_CAP)  # 1 (+2) of 22, cap 2
+
+
 def test_hard_faults_skip_blast_radius_and_rate_but_not_fail_static_or_lockout() -> None:
     g = _guard(max_isolated_ratio=0.1, max_actions=1, lockout_ratio=0.1)  # lockout at 4 of 40
     hard = [g.check(Proposal(f"p1-d0{i}", isolate=True, hard=True), now=START).reason

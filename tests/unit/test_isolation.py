@@ -187,6 +187,7 @@ def test_a_node_drain_passes_the_blast_radius_for_every_device_it_takes() -> Non
         ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
     [out] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.FAILED, 5), now=_at(5))
     assert out.allowed  # one device out of the pool's 12: its 10% cap (1) is spent
+    # its devices were named 10 s ago: not yet known as a whole node, so no spare either
     [refused] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, 10), now=_at(10))
     assert (refused.allowed, refused.reason) == (False, "pool_cap")
     assert "1 (+4) of 12" in refused.message and guard.state.isolated == {"n2-gpu0"}
@@ -197,3 +198,21 @@ def test_a_node_drain_passes_the_blast_radius_for_every_device_it_takes() -> Non
     # nothing else out: a pool may always lose one node, though it is over its 10%
     [drain] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, at), now=_at(at))
     assert (drain.action, drain.unit, drain.allowed) == (RouteAction.DRAIN, Level.NODE, True)
+
+
+def test_a_drained_node_is_its_pools_spare_and_device_faults_still_get_the_cap() -> None:
+    """The node is known whole (its devices named a minute ago): drained, it is the pool's
+    spare node, so the pool's 10% cap still takes a device fault of another node."""
+    devices = {f"n1-gpu{i}": ("us-east-h100", "rack-0") for i in range(4)}
+    devices |= {f"n{k}-gpu0": ("us-east-h100", "rack-0") for k in range(2, 12)}
+    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)  # cap 1
+    ladder = IsolationLadder(LadderConfig(), guard)
+    for device in sorted(devices):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
+    [drain] = ladder.verdict(_node_verdict("n1", HealthStatus.DYING, 70), now=_at(70))
+    assert (drain.unit, drain.allowed) == (Level.NODE, True)
+    [first] = ladder.verdict(_verdict("n2-gpu0", HealthStatus.DYING, 71), now=_at(71))
+    assert (first.action, first.allowed) == (RouteAction.DEWEIGHT, True)  # 5 of 14, 4 spare
+    [second] = ladder.verdict(_verdict("n3-gpu0", HealthStatus.DYING, 72), now=_at(72))
+    assert (second.allowed, second.reason) == (False, "pool_cap")  # the cap (1) is spent
+    assert "4 of them its spare node" in second.message
