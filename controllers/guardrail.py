@@ -21,8 +21,9 @@ the first that refuses names the reason:
    node spare, and hardware fails in nodes; without it, one crashed 8-device
    node filled a 10% cap of 80 devices and held every device fault of the pool
    back until the node came back. A node counts as whole only once its devices
-   are known: none has joined for ``node_settle_s`` (after a restart, verdicts
-   name a node's devices one by one, and the first two out are not the node);
+   are known: each named by a verdict, the newest ``node_settle_s`` ago (after a
+   restart, verdicts name a node's devices one by one, and the first two out are
+   not the node);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 A unit of devices taken out together (a node drained as one, ``Proposal.members``)
@@ -87,7 +88,7 @@ class GuardrailConfig:
     stale_after_s: float = 30.0
     lockout_ratio: float = 0.5
     lockout_window_s: float = 300.0
-    node_settle_s: float = 60.0  # a node's devices are known once none joined for this long
+    node_settle_s: float = 60.0  # a node's devices are known once all were named this long ago
 
     def __post_init__(self) -> None:
         for name in ("max_isolated_ratio", "rack_max_isolated_ratio", "lockout_ratio"):
@@ -180,7 +181,7 @@ class Guardrail:
         self._floor = Sizes(0, {}, {})  # sizes a previous process counted (see resume)
         self.node_of: dict[str, str] = {}  # device -> its node, where registered with one
         self._node_devices: dict[str, set[str]] = {}
-        self._node_grew: dict[str, datetime | None] = {}  # when its newest device was seen
+        self._named_at: dict[str, datetime] = {}  # device -> when a verdict first named it
         for pool, rack in self.devices.values():
             self._pool_size[pool] = self._pool_size.get(pool, 0) + 1
             self._rack_size[rack] = self._rack_size.get(rack, 0) + 1
@@ -195,13 +196,15 @@ class Guardrail:
         at: datetime | None = None,
     ) -> None:
         """A device the guardrail had not seen (fleets grow; verdicts name their place), and
-        its node, when known, seen at ``at`` (a whole node out is its pool's spare: see the
-        blast radius; without ``at`` its node never counts as whole)."""
+        its node, when known, named by a verdict observed at ``at`` (a whole node out is its
+        pool's spare: see the blast radius). A node counts as whole only when every device
+        of it was named with a time, the newest ``node_settle_s`` ago: a device resumed from
+        a previous process's record (no ``at``) waits for a verdict of its own."""
         if node is not None and device_uuid not in self.node_of:
             self.node_of[device_uuid] = node
             self._node_devices.setdefault(node, set()).add(device_uuid)
-            grew = self._node_grew.get(node, at)
-            self._node_grew[node] = None if at is None or grew is None else max(grew, at)
+        if node is not None and at is not None and device_uuid not in self._named_at:
+            self._named_at[device_uuid] = at
         if device_uuid in self.devices:
             return
         self.devices[device_uuid] = (pool, rack)
@@ -339,15 +342,15 @@ class Guardrail:
 
     def _spare_node(self, pool: str, isolated: set[str], now: datetime) -> int:
         """The devices of the largest node of ``pool`` wholly in ``isolated`` (two devices or
-        more, none joined in the last ``node_settle_s``): its spare node, not in its cap."""
+        more, each named ``node_settle_s`` ago or more): its spare node, not in its cap."""
         whole = 0
         settled = timedelta(seconds=self.config.node_settle_s)
         for node in {self.node_of[d] for d in isolated if d in self.node_of}:
-            devices, grew = self._node_devices[node], self._node_grew[node]
+            devices = self._node_devices[node]
+            named = [self._named_at.get(d) for d in devices]
             if (
                 len(devices) >= 2
-                and grew is not None
-                and now - grew >= settled
+                and all(at is not None and now - at >= settled for at in named)
                 and devices <= isolated
                 and all(self._where(d, POOL) == pool for d in devices)
             ):

@@ -143,10 +143,8 @@ class IsolationLadder:
         if state.verdict.level is Level.NODE:
             self.nodes[device_uuid] = state
             return
-        v = state.verdict
-        self.guard.register(
-            device_uuid, pool=v.pool, rack=v.rack_id, node=v.node_id, at=v.observed_at
-        )
+        v = state.verdict  # its node, but no time: a record is not a verdict seen now
+        self.guard.register(device_uuid, pool=v.pool, rack=v.rack_id, node=v.node_id)
         self.devices[device_uuid] = state
 
     def verdict(self, verdict: Verdict, *, now: datetime) -> list[LadderDecision]:

@@ -182,12 +182,17 @@ def test_a_node_whose_devices_are_still_being_named_is_not_a_spare() -> None:
     g.observe(later)  # n0 has settled now: it is the spare, and one device more fits
     assert g.check(Proposal("n1-gpu0", isolate=True), now=later).allowed
     g2, _ = _pool_of_nodes(settled_s=100)
-    g2.register("n9-gpu0", pool="p", rack="rack-n9", node="n9")  # no time: it never settles
+    g2.register("n9-gpu0", pool="p", rack="rack-n9", node="n9")  # resumed: not yet named
     g2.register("n9-gpu1", pool="p", rack="rack-n9", node="n9", at=START)
     assert g2.check(Proposal("n1-gpu0", isolate=True), now=later).allowed
     pair = ("n9-gpu0", "n9-gpu1")
     out = g2.check(Proposal("n9", isolate=True, members=pair), now=later)
     assert (out.allowed, out.reason) == (False, GuardReason.POOL_CAP)  # 1 (+2) of 22, cap 2
+    # n9-gpu0's own verdict names it; a minute on, n9 is known whole and is the spare
+    g2.register("n9-gpu0", pool="p", rack="rack-n9", node="n9", at=later)
+    minute_on = later + timedelta(seconds=60)
+    g2.observe(minute_on)
+    assert g2.check(Proposal("n9", isolate=True, members=pair), now=minute_on).allowed
 
 
 def test_hard_faults_skip_blast_radius_and_rate_but_not_fail_static_or_lockout() -> None:
