@@ -47,10 +47,11 @@ Example::
         scorer.learn_one(value, at)
 
 The structure (three views averaged, likelihood over the short mean's own
-history) was chosen on NAB's development subset, validated leaving one
-category out (``fleetloop eval nab --loco``): the held-out category is scored
-with the settings and threshold chosen on the others. The other NAB
-categories were never looked at.
+history) was chosen on NAB's development subset and validated leaving one
+category out (``fleetloop eval nab --loco``): each category scored with the
+defaults and a threshold chosen on the others. Settings chosen on the others
+(:func:`neighbours`) transferred worse than the defaults, so the defaults stay
+fixed. The other NAB categories were never looked at.
 """
 
 from __future__ import annotations
