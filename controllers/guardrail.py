@@ -75,9 +75,6 @@ class GuardReason(StrEnum):
     UNKNOWN_DEVICE = "unknown_device"
 
 
-POOL = GuardReason.POOL_CAP
-
-
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
     max_isolated_ratio: float = 0.10
@@ -313,7 +310,9 @@ class Guardrail:
                 limit = self.cap(size, ratio)
                 if proposal.members:  # a pool or rack may always lose one node, the unit of
                     limit = max(limit, count)  # hardware failure, when nothing else is out
-                spare = self._spare_node(key, s.isolated | set(new), now) if reason is POOL else 0
+                spare = 0  # a pool's spare node is beside its cap (looked for only when over)
+                if members + count > limit and reason is GuardReason.POOL_CAP:
+                    spare = self._spare_node(key, s.isolated | set(new), now)
                 if members + count - spare > limit:
                     adds = f" (+{count})" if count > 1 else ""
                     spared = f", {spare} of them its spare node" if spare else ""
@@ -340,6 +339,10 @@ class Guardrail:
             True, GuardReason.ALLOWED, f"{pool}: {len(s.isolated)} isolated fleet-wide"
         )
 
+    def node_members(self, node: str) -> tuple[str, ...]:
+        """The devices of ``node`` that a verdict has named (:meth:`register` with ``at``)."""
+        return tuple(sorted(d for d in self._node_devices.get(node, ()) if d in self._named_at))
+
     def _spare_node(self, pool: str, isolated: set[str], now: datetime) -> int:
         """The devices of the largest node of ``pool`` wholly in ``isolated`` (two devices or
         more, each named ``node_settle_s`` ago or more): its spare node, not in its cap."""
@@ -352,7 +355,7 @@ class Guardrail:
                 len(devices) >= 2
                 and all(at is not None and now - at >= settled for at in named)
                 and devices <= isolated
-                and all(self._where(d, POOL) == pool for d in devices)
+                and all(self._where(d, GuardReason.POOL_CAP) == pool for d in devices)
             ):
                 whole = max(whole, len(devices))
         return whole

@@ -127,7 +127,6 @@ class IsolationLadder:
         self.guard = guard
         self.devices: dict[str, LadderState] = {}
         self.nodes: dict[str, LadderState] = {}  # nodes judged as one unit (node verdicts)
-        self.node_devices: dict[str, set[str]] = {}  # node -> its devices, from their verdicts
 
     def rung(self, device_uuid: str) -> Rung:
         d = self.devices.get(device_uuid)
@@ -165,7 +164,6 @@ class IsolationLadder:
             at=verdict.observed_at,
         )
         self.guard.observe(verdict.observed_at)
-        self.node_devices.setdefault(verdict.node_id, set()).add(verdict.device_uuid)
         d = self._latest(self.devices, verdict.device_uuid, verdict)
         return [] if d is None else self._step(verdict.device_uuid, d, now)
 
@@ -226,7 +224,7 @@ class IsolationLadder:
         ``probation_s`` healthy. Its devices' own ladders go on beside it: a device isolated
         for its own fault stays isolated when the node comes back."""
         c, v = self.config, state.verdict
-        members = tuple(sorted(self.node_devices.get(node, ())))
+        members = self.guard.node_members(node)  # its devices, as their verdicts named them
         if v.status is HealthStatus.HEALTHY:
             if not self._probation_over(state, now):
                 return []

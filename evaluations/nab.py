@@ -151,15 +151,10 @@ def leave_one_category_out(
     the settings of ``grid`` best on the others (``chosen``), the defaults as shipped
     (``defaults``) and the windowed-Gaussian baseline (``baseline``)."""
     grid = grid or LOCO_GRID
-
-    def swept(scored: list[Series]) -> list[SweptFile]:
-        return [
-            sweep(s.name, s.timestamps, s.scores or [], windows.get(s.name, []), STANDARD)
-            for s in scored
-        ]
-
-    runs = {name: swept(run_detector(corpus, config=config)) for name, config in grid.items()}
-    baseline = swept(run_detector(corpus, "windowed_gaussian"))
+    runs = {
+        name: _swept(run_detector(corpus, config=config), windows) for name, config in grid.items()
+    }
+    baseline = _swept(run_detector(corpus, "windowed_gaussian"), windows)
     out = {}
     for held in sorted({_category(s.name) for s in corpus}):
         ranked = sorted(((_others(files, held), name) for name, files in runs.items()),
@@ -199,13 +194,20 @@ def format_loco(result: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def score_corpus(
+def _swept(
     scored: list[Series], windows: dict[str, list[tuple[datetime, datetime]]]
-) -> dict[str, Any]:
-    files: list[SweptFile] = [
+) -> list[SweptFile]:
+    """Each scored file's rows, worth and windows under the standard profile."""
+    return [
         sweep(s.name, s.timestamps, s.scores or [], windows.get(s.name, []), STANDARD)
         for s in scored
     ]
+
+
+def score_corpus(
+    scored: list[Series], windows: dict[str, list[tuple[datetime, datetime]]]
+) -> dict[str, Any]:
+    files = _swept(scored, windows)
     threshold, raw = best_threshold(files, STANDARD)
     return {
         "score_standard": round(normalised(raw, files, STANDARD), 2),

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 
@@ -95,9 +95,43 @@ def neighbours(config: StreamScorerConfig | None = None) -> dict[str, StreamScor
         ("context_order", base.context_order + 1),
     )
     out = {"defaults": base}
-    for field, value in changes:
-        out[f"{field}={value}"] = replace(base, **{field: value})
+    for name, value in changes:
+        out[f"{name}={value}"] = replace(base, **{name: value})
     return out
+
+
+@dataclass(slots=True)
+class RollingMoments:
+    """The last ``size`` values with their running sum and sum of squares: mean and spread
+    in O(1) per value (the scorer's likelihood history, the windowed Gaussian's window)."""
+
+    size: int
+    values: deque[float] = field(init=False)
+    total: float = 0.0
+    squares: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.values = deque(maxlen=self.size)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: float) -> None:
+        if len(self.values) == self.values.maxlen:
+            old = self.values[0]
+            self.total -= old
+            self.squares -= old * old
+        self.values.append(value)
+        self.total += value
+        self.squares += value * value
+
+    def mean(self) -> float:
+        return self.total / len(self.values)
+
+    def spread(self) -> float:
+        """The population standard deviation of the values held."""
+        mean = self.mean()
+        return math.sqrt(max(self.squares / len(self.values) - mean * mean, 0.0))
 
 
 class StreamScorer:
@@ -123,9 +157,7 @@ class StreamScorer:
         self.followers: dict[tuple[int, ...], dict[int, int]] = {}
         # the likelihood: the last raw scores, and the history of their mean
         self.raw_short: deque[float] = deque(maxlen=c.short)
-        self.means: deque[float] = deque(maxlen=c.long)
-        self.means_sum = 0.0
-        self.means_sq = 0.0
+        self.history = RollingMoments(c.long)  # of _surprisal(short mean)
         self.quiet_until = 0
 
     def score_one(self, value: float, at: datetime | None = None) -> float:
@@ -158,22 +190,20 @@ class StreamScorer:
         if self.n > c.warmup and self.n >= self.quiet_until and likelihood >= c.alarm:
             self.quiet_until = self.n + c.refractory
         self.raw_short.append(raw)
-        self._remember(_surprisal(sum(self.raw_short) / len(self.raw_short)))
+        self.history.add(_surprisal(sum(self.raw_short) / len(self.raw_short)))
 
     def _assess(self, raw: float) -> tuple[float, float]:
         """(score, likelihood) of the short mean, were ``raw`` its newest, against the
         history of that mean (both as :func:`_surprisal`)."""
-        k = len(self.means)
-        if k == 0:
+        if not self.history:
             return 0.5, 0.5
         recent = list(self.raw_short)
         if len(recent) == self.raw_short.maxlen:
             recent = recent[1:]
         recent.append(raw)
         now = _surprisal(sum(recent) / len(recent))
-        mean = self.means_sum / k
-        spread = max(math.sqrt(max(self.means_sq / k - mean * mean, 0.0)), self.config.min_spread)
-        z = (now - mean) / spread
+        spread = max(self.history.spread(), self.config.min_spread)
+        z = (now - self.history.mean()) / spread
         likelihood = 1.0 - 0.5 * math.erfc(z / math.sqrt(2.0))
         # the same order as the likelihood, without its saturation at 1.0 in floating point
         # (so the corpus threshold can still tell a strong anomaly from an overwhelming one)
@@ -285,15 +315,6 @@ class StreamScorer:
                 if n:
                     self.counts[self._bin(old_lo + (i + 0.5) * width)] += n
 
-    def _remember(self, surprisal: float) -> None:
-        if len(self.means) == self.means.maxlen:
-            old = self.means[0]
-            self.means_sum -= old
-            self.means_sq -= old * old
-        self.means.append(surprisal)
-        self.means_sum += surprisal
-        self.means_sq += surprisal * surprisal
-
 
 def _surprisal(mean: float) -> float:
     """``-ln(1 - mean)`` of a mean raw score in [0, 1]: unbounded as it nears 1 (capped at
@@ -306,30 +327,19 @@ class WindowedGaussian:
     spread of the last ``window`` values (scored before learning, like every learner)."""
 
     def __init__(self, window: int = 6400) -> None:
-        self.values: deque[float] = deque(maxlen=window)
-        self.total = 0.0
-        self.squares = 0.0
+        self.window = RollingMoments(window)
 
     def score_one(self, value: float, at: datetime | None = None) -> float:
         """The two-sided tail of ``value`` against the window; changes nothing."""
         del at
-        if not math.isfinite(value):
+        if not math.isfinite(value) or len(self.window) < 2:
             return 0.0
-        k = len(self.values)
-        if k < 2:
+        std = self.window.spread()
+        if std <= 0:
             return 0.0
-        mean = self.total / k
-        std = math.sqrt(max(self.squares / k - mean * mean, 0.0))
-        return 1.0 - math.erfc(abs(value - mean) / (std * math.sqrt(2.0))) if std > 0 else 0.0
+        return 1.0 - math.erfc(abs(value - self.window.mean()) / (std * math.sqrt(2.0)))
 
     def learn_one(self, value: float, at: datetime | None = None) -> None:
         del at
-        if not math.isfinite(value):
-            return
-        if len(self.values) == self.values.maxlen:
-            old = self.values[0]
-            self.total -= old
-            self.squares -= old * old
-        self.values.append(value)
-        self.total += value
-        self.squares += value * value
+        if math.isfinite(value):
+            self.window.add(value)
