@@ -16,8 +16,8 @@ the first that refuses names the reason:
    least ``min_isolated`` device (Envoy's outlier detection ejects at most 10% of a
    cluster by default; a rack holds few nodes, so its default is a node's share).
    A pool's cap counts devices taken out one by one: one whole node out (every
-   device of it isolated: drained as a unit, or quarantined when it went silent)
-   is the pool's spare node, beside its cap, not in it. Pools are provisioned a
+   device of it isolated: drained as a unit, or quarantined as one when it went
+   silent) is the pool's spare node, beside its cap, not in it. Pools are provisioned a
    node spare, and hardware fails in nodes; without it, one crashed 8-device
    node filled a 10% cap of 80 devices and held every device fault of the pool
    back until the node came back. A node counts as whole only once its devices
@@ -29,7 +29,9 @@ the first that refuses names the reason:
 A unit of devices taken out together (a node drained as one, ``Proposal.members``)
 is one action for the rate limit and the lockout, and every member for the
 blast radius; a pool or rack may always lose one whole node when nothing else
-of it is isolated (a node is the unit hardware fails in).
+of it is isolated (a node is the unit hardware fails in). The two allowances
+do not add up: with something already out, a unit passes only within the cap
+plus the spare node, so a second whole node counts in full.
 
 Scaling a model's replicas (warm, cool) passes :meth:`Guardrail.check_scaling`:
 fail-static for both; a cool (capacity taken away) is also refused while
@@ -308,8 +310,8 @@ class Guardrail:
                 members = sum(1 for d in s.isolated if self._where(d, reason) == key)
                 size = max(sizes[key], floors.get(key, 0))
                 limit = self.cap(size, ratio)
-                if proposal.members:  # a pool or rack may always lose one node, the unit of
-                    limit = max(limit, count)  # hardware failure, when nothing else is out
+                if proposal.members and not members:  # a pool or rack may always lose one
+                    limit = max(limit, count)  # node, the unit of failure, when nothing is out
                 spare = 0  # a pool's spare node is beside its cap (looked for only when over)
                 if members + count > limit and reason is GuardReason.POOL_CAP:
                     spare = self._spare_node(key, s.isolated | set(new), now)

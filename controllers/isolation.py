@@ -8,7 +8,10 @@ sessions, drain, quarantine. What a verdict asks for:
   (:data:`~schemas.verdicts.HARD_CONFIRMED`: a double-bit ECC error, a fatal
   XID, a failed probe) takes no healthy capacity with it and skips the
   guardrail's blast-radius caps and rate limit; silence, and a single sample,
-  pass them like any isolation (fail-static and the lockout apply to all);
+  pass them like any isolation (fail-static and the lockout apply to all). A
+  node gone silent as a whole (its heartbeat lost) is quarantined as one unit,
+  every device of it at once, so it is its pool's spare node rather than a cap
+  filled device by device;
 - ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
   evidence must hold while the device is already lightened);
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
@@ -44,6 +47,8 @@ from enum import IntEnum, StrEnum
 from controllers.guardrail import Guardrail, GuardReason, Proposal
 from schemas.commands import RouteAction
 from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Level, Verdict
+
+NODE_LOST = SILENCE_SIGNALS[0]  # the node's heartbeat lost: every device of it silent
 
 
 class Rung(IntEnum):
@@ -296,7 +301,12 @@ class IsolationLadder:
         if hard and device.refused_at is not None and latched(v):
             return []  # refused once; retried only while the device still reports it
         rung = target if hard else Rung(device.rung + 1)
-        guard = self.guard.check(Proposal(device_uuid, isolate=True, hard=exempt), now=now)
+        members = self._lost_node(v)
+        if members:
+            proposal = Proposal(v.node_id, isolate=True, members=members)
+        else:
+            proposal = Proposal(device_uuid, isolate=True, hard=exempt)
+        guard = self.guard.check(proposal, now=now)
         if not guard.allowed:
             device.refused_at, device.refused_for = now, guard.reason.value
             return [
@@ -304,6 +314,8 @@ class IsolationLadder:
                     device_uuid, ACTION[rung], rung, False, guard.reason.value, guard.message, v
                 )
             ]
+        if members:
+            return self._quarantine_node(device_uuid, members, v, now)
         device.rung, device.rung_at, device.refused_at = rung, now, None
         reason = LadderReason.HARD_FAULT if hard else LadderReason.DEGRADING
         return [
@@ -318,6 +330,46 @@ class IsolationLadder:
                 weight_ratio=c.deweight_ratio if rung is Rung.DEWEIGHTED else None,
             )
         ]
+
+    def _lost_node(self, verdict: Verdict) -> tuple[str, ...]:
+        """The devices of a node that went silent as a whole (its heartbeat lost), when the
+        verdict says so and a verdict named two or more of them: taken out as one unit, so a
+        crashed node is its pool's spare node (:mod:`controllers.guardrail`) instead of
+        filling the pool's cap device by device, with its last devices refused and the
+        node never whole."""
+        if verdict.status is not HealthStatus.FAILED:
+            return ()
+        if not any(s.name == NODE_LOST for s in verdict.signals):
+            return ()
+        members = self.guard.node_members(verdict.node_id)
+        return members if len(members) >= 2 and verdict.device_uuid in members else ()
+
+    def _quarantine_node(
+        self, device_uuid: str, members: tuple[str, ...], verdict: Verdict, now: datetime
+    ) -> list[LadderDecision]:
+        """Every device of a lost node quarantined at once (each its own command), on the
+        verdict of the first device whose silence showed it. The others' own verdicts,
+        which follow, find them already there; each comes back on its own probation."""
+        node = verdict.node_id
+        message = (
+            f"failed: node {node} lost ({verdict.evidence}); "
+            f"its {len(members)} devices quarantined as one unit"
+        )[:1024]
+        out: list[LadderDecision] = []
+        for member in members:
+            state = self.devices[member]
+            if state.rung >= Rung.QUARANTINED:
+                continue
+            state.rung, state.rung_at, state.refused_at = Rung.QUARANTINED, now, None
+            if member != device_uuid:
+                state.healthy_since = None  # no probation on a verdict from before the loss
+            out.append(
+                LadderDecision(
+                    member, RouteAction.QUARANTINE, Rung.QUARANTINED, True,
+                    LadderReason.HARD_FAULT.value, message, verdict,
+                )
+            )  # fmt: skip
+        return out
 
 
 def latched(verdict: Verdict) -> bool:

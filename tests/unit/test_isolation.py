@@ -216,3 +216,50 @@ def test_a_drained_node_is_its_pools_spare_and_device_faults_still_get_the_cap()
     [second] = ladder.verdict(_verdict("n3-gpu0", HealthStatus.DYING, 72), now=_at(72))
     assert (second.allowed, second.reason) == (False, "pool_cap")  # the cap (1) is spent
     assert "4 of them its spare node" in second.message
+
+
+def _lost(device: str, at_s: float) -> Verdict:
+    """A device whose node's heartbeat stopped ``heartbeat_lost_s`` (15 s) ago."""
+    lost = Signal(name="heartbeat_lost_s", value=15, threshold=10)
+    return _verdict(device, HealthStatus.FAILED, at_s).model_copy(update={"signals": [lost]})
+
+
+def test_a_lost_node_is_quarantined_as_one_unit_and_is_its_pools_spare() -> None:
+    """A node crash fills no cap device by device: eight devices in a pool of 64 (cap 6) go
+    out together on the first silent device's verdict, and, known whole, the node is the
+    pool's spare, so a device fault elsewhere in the pool still gets the cap."""
+    devices = {f"n{k}-gpu{i}": ("us-east-h100", "rack-0") for k in range(8) for i in range(8)}
+    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)
+    ladder = IsolationLadder(LadderConfig(), guard)
+    for device in sorted(devices):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
+    out = ladder.verdict(_lost("n1-gpu3", 100), now=_at(100))
+    assert {d.device_uuid for d in out} == {f"n1-gpu{i}" for i in range(8)}
+    assert all((d.action, d.allowed, d.reason) == (RouteAction.QUARANTINE, True, "hard_fault")
+               for d in out)  # fmt: skip
+    assert "node n1 lost" in out[0].message and len(guard.state.actions) == 1
+    for i in (0, 1, 2, 4, 5, 6, 7):  # the other devices' own verdicts find them there
+        assert ladder.verdict(_lost(f"n1-gpu{i}", 100), now=_at(100)) == []
+    [slow] = ladder.verdict(_verdict("n2-gpu5", HealthStatus.DYING, 110), now=_at(110))
+    assert (slow.action, slow.allowed) == (RouteAction.DEWEIGHT, True)  # the spare is beside
+    # the node comes back: each device on its own probation
+    for i in range(8):
+        ladder.verdict(_verdict(f"n1-gpu{i}", HealthStatus.HEALTHY, 200), now=_at(200))
+    back = ladder.tick(_at(200 + LadderConfig().probation_s))
+    assert {d.device_uuid for d in back if d.action is RouteAction.RESTORE} >= {
+        f"n1-gpu{i}" for i in range(8)
+    }
+    assert not guard.state.isolated & {f"n1-gpu{i}" for i in range(8)}
+
+
+def test_a_lost_node_the_pool_cannot_spare_is_refused_as_a_unit() -> None:
+    """A second whole node out counts in full: the unit is refused whole, none of it let in."""
+    devices = {f"n{k}-gpu{i}": ("us-east-h100", "rack-0") for k in range(8) for i in range(8)}
+    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)
+    ladder = IsolationLadder(LadderConfig(), guard)
+    for device in sorted(devices):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
+    assert len(ladder.verdict(_lost("n1-gpu0", 100), now=_at(100))) == 8
+    [refused] = ladder.verdict(_lost("n2-gpu0", 101), now=_at(101))
+    assert (refused.allowed, refused.reason) == (False, "pool_cap")
+    assert not guard.state.isolated & {f"n2-gpu{i}" for i in range(8)}
