@@ -98,6 +98,8 @@ class FaultScore:
     false_isolations: int
     device_days: float
     ttd_s: dict[str, list[float]] = field(default_factory=dict)
+    tti_s: dict[str, list[float]] = field(default_factory=dict)  # fault start -> all isolated
+    not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
@@ -140,9 +142,13 @@ class FaultScore:
                     "detected": len(ts),
                     "ttd_p50_s": _q(sorted(ts), 0.5),
                     "ttd_p95_s": _q(sorted(ts), 0.95),
+                    "isolated": len(self.tti_s.get(kind, [])),
+                    "time_to_isolate_p50_s": _q(sorted(self.tti_s.get(kind, [])), 0.5),
+                    "time_to_isolate_p95_s": _q(sorted(self.tti_s.get(kind, [])), 0.95),
                 }
                 for kind, ts in sorted(self.ttd_s.items())
             },
+            "not_isolated": self.not_isolated,
             "missed": self.missed,
             "false_detections": self.false_detections,
             "false_isolation_causes": self.false_isolation_causes,
@@ -344,6 +350,7 @@ def score(
             judged = (verdict_appended or {}).get(d.verdict_id) if d.verdict_id else None
             if judged is not None:
                 verdict_latency.append((judged - d.cause_appended_at).total_seconds())
+    tti, not_isolated = _time_to_isolate(faults, decisions, node_devices, grace)
     devices = {v.device_uuid for v in verdicts}  # the device verdicts only
     return FaultScore(
         precision=true_detections / len(episodes) if episodes else 1.0,
@@ -355,6 +362,8 @@ def score(
         false_isolations=false_isolations,
         device_days=len(devices) * observed_s / 86400.0,
         ttd_s=dict(ttd),
+        tti_s=tti,
+        not_isolated=not_isolated,
         missed=missed,
         false_detections=false_detections,
         false_isolation_causes=causes,
@@ -421,7 +430,49 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         )
         for k in kinds
     }  # fmt: skip
+    out["time_to_isolate_p95_s_worst_by_kind"] = {
+        k: max(
+            (r["per_kind"][k].get("time_to_isolate_p95_s") for r in runs
+             if k in r["per_kind"] and r["per_kind"][k].get("time_to_isolate_p95_s") is not None),
+            default=None,
+        )
+        for k in kinds
+    }  # fmt: skip
+    out["not_isolated_total"] = sum(len(r.get("not_isolated", [])) for r in runs)
     return out
+
+
+def _time_to_isolate(
+    faults: list[Fault],
+    decisions: list[Decision],
+    node_devices: Mapping[str, set[str]],
+    grace: timedelta,
+) -> tuple[dict[str, list[float]], list[str]]:
+    """Per kind, seconds from each fault's start until every device it harms was isolated
+    (an allowed step off full service for the device, or for its node as one unit, during
+    the fault); and the faults some device of which never was (held back by the guardrail,
+    or not judged worth a step: a cohort's, a fault that ended first)."""
+    first: dict[str, list[datetime]] = defaultdict(list)  # device -> its isolating steps
+    for d in decisions:
+        if d.outcome is DecisionOutcome.REFUSED or d.action in ("restore", ATTRIBUTE):
+            continue
+        for device in node_devices.get(d.target) or (d.target,):
+            first[device].append(d.decided_at)
+    tti: dict[str, list[float]] = defaultdict(list)
+    missing = []
+    for f in faults:
+        out_at = []
+        for device in f.devices:
+            steps = [at for at in first.get(device, ()) if f.start <= at <= f.end + grace]
+            if not steps:
+                break
+            out_at.append(min(steps))
+        else:
+            if out_at:
+                tti[f.kind].append(round((max(out_at) - f.start).total_seconds(), 3))
+                continue
+        missing.append(f"{f.fault_id} ({f.kind})")
+    return dict(tti), missing
 
 
 def _episodes(verdicts: list[Verdict]) -> list[Verdict]:

@@ -316,9 +316,16 @@ def format_family(result: dict[str, Any]) -> str:
 def format_score(name: str, summary: dict[str, Any]) -> str:
     """The score as a plain-text report."""
     lines = [f"fault detection on {name}", ""]
-    lines.append(f"{'kind':<18}{'detected':>9}{'ttd p50 s':>11}{'ttd p95 s':>11}")
+    lines.append(
+        f"{'kind':<18}{'detected':>9}{'ttd p50 s':>11}{'ttd p95 s':>11}"
+        f"{'isolated':>10}{'tti p50 s':>11}{'tti p95 s':>11}"
+    )
     for kind, k in summary["per_kind"].items():
-        lines.append(f"{kind:<18}{k['detected']:>9}{k['ttd_p50_s']!s:>11}{k['ttd_p95_s']!s:>11}")
+        lines.append(
+            f"{kind:<18}{k['detected']:>9}{k['ttd_p50_s']!s:>11}{k['ttd_p95_s']!s:>11}"
+            f"{k['isolated']:>10}{k['time_to_isolate_p50_s']!s:>11}"
+            f"{k['time_to_isolate_p95_s']!s:>11}"
+        )
     lines.append("")
     for key in (
         "precision", "recall", "faults", "detected", "detections", "true_detections",
@@ -331,6 +338,7 @@ def format_score(name: str, summary: dict[str, Any]) -> str:
     lines.append(f"{'actions':<38}{summary['actions']}")
     lines.append(f"{'guardrail refusals':<38}{summary['refusals']}")
     lines += [f"missed: {item}" for item in summary["missed"]]
+    lines += [f"not isolated: {item}" for item in summary["not_isolated"]]
     lines += [f"false isolation: {item}" for item in summary["false_isolation_causes"]]
     lines += [f"unexplained group: {item}" for item in summary["group_detections_unexplained"]]
     shown = summary["false_detections"][:20]

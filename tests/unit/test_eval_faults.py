@@ -95,3 +95,38 @@ def test_scoring_holds_grey_slowdowns_and_ecc_storms_to_their_targets() -> None:
     assert agg["grey_15pct_ttd_p95_s"] is None  # a miss is never detected: no p95 to give
     assert agg["grey_15pct_within_30s"] == 2
     assert agg["ecc_storms_flagged_before_dbe"] == [2, 4]
+
+
+def test_time_to_isolate_waits_for_every_device_a_fault_harms() -> None:
+    """A node fault is isolated when its last device is out (one by one, or the node as one
+    unit); a refused step and a step after the fault's grace do not count."""
+    start, end = T0 + timedelta(seconds=100), T0 + timedelta(seconds=400)
+    faults = [
+        Fault("crash", "node_crash", start, end, frozenset({"n-g0", "n-g1"}), frozenset({"n"})),
+        Fault("grey", "grey_slowdown", start, end, frozenset({"m-g0"})),
+        Fault("held", "grey_slowdown", start, end, frozenset({"m-g1"})),
+    ]
+    verdicts = [
+        _verdict(d, HealthStatus.DYING, 105).model_copy(update={"node_id": d.split("-")[0]})
+        for d in ("n-g0", "n-g1", "m-g0", "m-g1")
+    ]
+
+    def step(target: str, at_s: float, outcome: DecisionOutcome) -> Decision:
+        return Decision(
+            decision_id=uuid4(), decided_at=T0 + timedelta(seconds=at_s), controller="isolation",
+            target=target, action="quarantine", outcome=outcome, reason="hard_fault",
+        )  # fmt: skip
+
+    issued, refused = DecisionOutcome.ISSUED, DecisionOutcome.REFUSED
+    decisions = [
+        step("n-g0", 106, issued), step("n-g1", 106, refused), step("n-g1", 136, issued),
+        step("m", 130, issued),  # m drained as one unit: both its devices
+        step("m-g1", 120, refused),
+    ]  # fmt: skip
+    s = score(faults, verdicts, decisions, {}, observed_s=86_400.0).summary()
+    assert s["per_kind"]["node_crash"]["time_to_isolate_p50_s"] == 36.0  # its last device
+    assert s["per_kind"]["grey_slowdown"]["isolated"] == 2  # both, by the node's drain at 130
+    late = [step("x-g0", 500, issued)]  # after the fault and its grace: not its isolation
+    faults_x = [Fault("x", "grey_slowdown", start, end, frozenset({"x-g0"}))]
+    s2 = score(faults_x, [_verdict("x-g0", HealthStatus.DYING, 105)], late, {}, observed_s=86_400.0)
+    assert s2.summary()["not_isolated"] == ["x (grey_slowdown)"]
