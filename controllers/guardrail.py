@@ -24,6 +24,13 @@ the first that refuses names the reason:
    are known: each named by a verdict, the newest ``node_settle_s`` ago (after a
    restart, verdicts name a node's devices one by one, and the first two out are
    not the node);
+   A node lost as a whole (its heartbeat gone: ``Proposal.lost``) is past help
+   and serves nothing. It leaves as a dead host leaves by an active health
+   check, while the caps are for what the detector judges (Envoy's 10% is for
+   outlier ejection, and counts no host a health check removed): it skips both
+   caps, and the caps do not count it, up to ``lost_max_ratio`` of its pool
+   out in all (Envoy's panic threshold: past half a pool, our view of the
+   pool is more likely wrong than the pool);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 A unit of devices taken out together (a node drained as one, ``Proposal.members``)
@@ -88,9 +95,15 @@ class GuardrailConfig:
     lockout_ratio: float = 0.5
     lockout_window_s: float = 300.0
     node_settle_s: float = 60.0  # a node's devices are known once all were named this long ago
+    lost_max_ratio: float = 0.5  # lost nodes leave past the caps up to this share of a pool
 
     def __post_init__(self) -> None:
-        for name in ("max_isolated_ratio", "rack_max_isolated_ratio", "lockout_ratio"):
+        for name in (
+            "max_isolated_ratio",
+            "rack_max_isolated_ratio",
+            "lockout_ratio",
+            "lost_max_ratio",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 1.0):
                 raise ValueError(f"{name} must be in (0, 1], not {value!r}")
@@ -111,6 +124,7 @@ class Proposal:
     device_uuid: str  # the device, or the unit's name (a node id) when members are given
     isolate: bool  # True: take capacity away; False: give it back
     hard: bool = False  # failed, on confirmed evidence of its own: no radius or rate to spend
+    lost: bool = False  # a node gone silent as a whole (members): its pool's panic share only
     members: tuple[str, ...] = ()
 
 
@@ -133,6 +147,7 @@ class Sizes:
 @dataclass(slots=True)
 class GuardrailState:
     isolated: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # of the isolated, those out with a lost node
     actions: list[datetime] = field(default_factory=list)  # isolating actions, oldest first
     fresh_at: datetime | None = None  # newest telemetry seen
     locked_out: bool = False
@@ -141,6 +156,7 @@ class GuardrailState:
         return json.dumps(
             {
                 "isolated": sorted(self.isolated),
+                "lost": sorted(self.lost),
                 "actions": [a.isoformat() for a in self.actions],
                 "fresh_at": None if self.fresh_at is None else self.fresh_at.isoformat(),
                 "locked_out": self.locked_out,
@@ -153,6 +169,7 @@ class GuardrailState:
         fresh = doc["fresh_at"]
         return cls(
             isolated=set(doc["isolated"]),
+            lost=set(doc.get("lost", ())),
             actions=[datetime.fromisoformat(a) for a in doc["actions"]],
             fresh_at=None if fresh is None else datetime.fromisoformat(fresh),
             locked_out=bool(doc["locked_out"]),
@@ -280,6 +297,7 @@ class Guardrail:
             return GuardDecision(False, GuardReason.UNKNOWN_DEVICE, f"{', '.join(unknown)}?")
         if not proposal.isolate:
             s.isolated.difference_update(units)
+            s.lost.difference_update(units)
             return GuardDecision(True, GuardReason.RESTORE, "giving capacity back is never refused")
         age = None if s.fresh_at is None else (now - s.fresh_at).total_seconds()
         if age is None or age > c.stale_after_s:
@@ -295,33 +313,39 @@ class Guardrail:
         new = [d for d in units if d not in s.isolated]
         if not new:  # a further step on the ladder adds no radius
             return GuardDecision(True, GuardReason.ALLOWED, "already isolated; a further step")
-        f = self._floor
-        for reason, sizes, floors, ratio in (
-            ()
-            if proposal.hard
-            else (
+        f, lost = self._floor, proposal.lost
+        caps: tuple[tuple[GuardReason, dict[str, int], dict[str, int], float], ...]
+        if proposal.hard:
+            caps = ()
+        elif proposal.lost:  # a dead host leaves by its health check, up to the panic share
+            caps = ((GuardReason.POOL_CAP, self._pool_size, f.pools, c.lost_max_ratio),)
+        else:
+            caps = (
                 (GuardReason.POOL_CAP, self._pool_size, f.pools, c.max_isolated_ratio),
                 (GuardReason.RACK_CAP, self._rack_size, f.racks, c.rack_max_isolated_ratio),
             )
-        ):
+        for reason, sizes, floors, ratio in caps:
             adding = Counter(self._where(d, reason) for d in new)
             for key, count in sorted(adding.items(), key=lambda kv: str(kv[0])):
                 assert key is not None  # every unit is a known device (checked above)
-                members = sum(1 for d in s.isolated if self._where(d, reason) == key)
+                counted = s.isolated if lost else s.isolated - s.lost  # see lost_max_ratio
+                members = sum(1 for d in counted if self._where(d, reason) == key)
                 size = max(sizes[key], floors.get(key, 0))
                 limit = self.cap(size, ratio)
                 if proposal.members and not members:  # a pool or rack may always lose one
                     limit = max(limit, count)  # node, the unit of failure, when nothing is out
                 spare = 0  # a pool's spare node is beside its cap (looked for only when over)
-                if members + count > limit and reason is GuardReason.POOL_CAP:
-                    spare = self._spare_node(key, s.isolated | set(new), now)
+                if members + count > limit and reason is GuardReason.POOL_CAP and not lost:
+                    spare = self._spare_node(key, counted | set(new), now)
                 if members + count - spare > limit:
                     adds = f" (+{count})" if count > 1 else ""
                     spared = f", {spare} of them its spare node" if spare else ""
+                    panic = " for a lost node (more looks like our view, not the fleet)"
                     return GuardDecision(
                         False,
                         reason,
-                        f"{key}: {members}{adds} of {size} isolated{spared}, cap {limit}",
+                        f"{key}: {members}{adds} of {size} isolated{spared}, "
+                        f"cap {limit}{panic if lost else ''}",
                     )
         in_window = [a for a in s.actions if now - a <= timedelta(seconds=c.rate_window_s)]
         if len(in_window) >= c.max_actions and not proposal.hard:
@@ -331,6 +355,8 @@ class Guardrail:
                 f"{len(in_window)} isolations in {c.rate_window_s:g}s",
             )
         s.isolated.update(new)
+        if lost:
+            s.lost.update(new)
         s.actions = [*recent, now]
         if len(s.actions) >= c.lockout_ratio * max(len(self.devices), f.devices):
             s.locked_out = True  # this one goes through; the next ones wait for a person

@@ -11,7 +11,8 @@ sessions, drain, quarantine. What a verdict asks for:
   pass them like any isolation (fail-static and the lockout apply to all). A
   node gone silent as a whole (its heartbeat lost) is quarantined as one unit,
   every device of it at once, so it is its pool's spare node rather than a cap
-  filled device by device;
+  filled device by device, and past the caps up to the pool's panic share: it
+  serves nothing now, and traffic sent to it fails;
 - ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
   evidence must hold while the device is already lightened);
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
@@ -303,7 +304,7 @@ class IsolationLadder:
         rung = target if hard else Rung(device.rung + 1)
         members = self._lost_node(v)
         if members:
-            proposal = Proposal(v.node_id, isolate=True, members=members)
+            proposal = Proposal(v.node_id, isolate=True, members=members, lost=True)
         else:
             proposal = Proposal(device_uuid, isolate=True, hard=exempt)
         guard = self.guard.check(proposal, now=now)
@@ -332,17 +333,19 @@ class IsolationLadder:
         ]
 
     def _lost_node(self, verdict: Verdict) -> tuple[str, ...]:
-        """The devices of a node that went silent as a whole (its heartbeat lost), when the
-        verdict says so and a verdict named two or more of them: taken out as one unit, so a
-        crashed node is its pool's spare node (:mod:`controllers.guardrail`) instead of
-        filling the pool's cap device by device, with its last devices refused and the
-        node never whole."""
+        """The devices of a node that went silent as a whole (its heartbeat lost), as the
+        verdicts named them, when the verdict says so: taken out as one unit, so a crashed
+        node is its pool's spare node (:mod:`controllers.guardrail`) instead of filling the
+        pool's cap device by device, with its last devices refused and the node never
+        whole; and, like a dead host a health check removes, past the pool's and rack's
+        caps, up to the pool's panic share (``lost_max_ratio``): traffic sent to it now
+        fails."""
         if verdict.status is not HealthStatus.FAILED:
             return ()
         if not any(s.name == NODE_LOST for s in verdict.signals):
             return ()
         members = self.guard.node_members(verdict.node_id)
-        return members if len(members) >= 2 and verdict.device_uuid in members else ()
+        return members if verdict.device_uuid in members else ()
 
     def _quarantine_node(
         self, device_uuid: str, members: tuple[str, ...], verdict: Verdict, now: datetime

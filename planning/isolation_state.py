@@ -88,6 +88,7 @@ class IsolationJournal:
         guard = ladder.guard
         core = GuardrailEntry(
             isolated=tuple(sorted(guard.state.isolated)),
+            lost=tuple(sorted(guard.state.lost)),
             actions=tuple(guard.state.actions),
             locked_out=guard.state.locked_out,
         )
@@ -146,7 +147,7 @@ class IsolationJournal:
             if r.guardrail is not None:
                 g = r.guardrail
                 core = GuardrailEntry(
-                    isolated=g.isolated, actions=g.actions, locked_out=g.locked_out
+                    isolated=g.isolated, lost=g.lost, actions=g.actions, locked_out=g.locked_out
                 )
                 self._core = encode(core)
             if r.device is not None and r.device.command is not None:
@@ -165,7 +166,10 @@ def resume(
         if r.guardrail is not None:
             g = r.guardrail
             state = GuardrailState(
-                isolated=set(g.isolated), actions=list(g.actions), locked_out=g.locked_out
+                isolated=set(g.isolated),
+                lost=set(g.lost),
+                actions=list(g.actions),
+                locked_out=g.locked_out,
             )
             resumed.guard.resume(state, Sizes(g.devices, dict(g.pool_sizes), dict(g.rack_sizes)))
     for r in kept:

@@ -51,6 +51,9 @@ class GuardrailEntry(Contract):
     """What the guardrail needs to keep its caps, rate limit and lockout across a restart."""
 
     isolated: tuple[Identifier, ...] = ()
+    lost: tuple[Identifier, ...] = Field(
+        default=(), description="of the isolated, those out with a node lost as a whole"
+    )
     actions: tuple[UtcDatetime, ...] = Field(default=(), description="isolating actions")
     locked_out: bool = False
     devices: Count = Field(default=0, description="devices the guardrail knew")

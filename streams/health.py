@@ -390,6 +390,7 @@ def _add_isolation(
                 {
                     "locked_out": state.locked_out,
                     "isolated": sorted(state.isolated),
+                    "lost": sorted(state.lost),  # of the isolated: out with a lost node
                     "recent_actions": len(state.actions),
                 }
             )

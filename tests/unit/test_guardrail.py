@@ -108,6 +108,7 @@ def test_unknown_device_and_bad_config_are_refused() -> None:
     for bad in (
         {"max_isolated_ratio": 0.0},
         {"lockout_ratio": float("nan")},
+        {"lost_max_ratio": 1.5},
         {"stale_after_s": -1.0},
         {"max_actions": 0},
     ):

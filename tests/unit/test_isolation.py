@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from controllers.guardrail import Guardrail, GuardrailConfig
+from controllers.guardrail import Guardrail, GuardrailConfig, GuardrailState
 from controllers.isolation import REASONS, IsolationLadder, LadderConfig, LadderDecision, Rung
 from schemas.base import AcceleratorType
 from schemas.commands import RouteAction
@@ -252,14 +252,27 @@ def test_a_lost_node_is_quarantined_as_one_unit_and_is_its_pools_spare() -> None
     assert not guard.state.isolated & {f"n1-gpu{i}" for i in range(8)}
 
 
-def test_a_lost_node_the_pool_cannot_spare_is_refused_as_a_unit() -> None:
-    """A second whole node out counts in full: the unit is refused whole, none of it let in."""
-    devices = {f"n{k}-gpu{i}": ("us-east-h100", "rack-0") for k in range(8) for i in range(8)}
-    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)
+def test_lost_nodes_leave_past_the_caps_until_half_the_pool_is_out() -> None:
+    """A dead node serves nothing, and traffic sent to it fails: lost nodes go out past the
+    pool's 10% and the rack's 25% (a health check removing dead hosts), until half the pool
+    would be out; past that, losing more looks like our view, not the fleet, and is
+    refused as a unit, none of it let in. The caps count no lost device: they are for what
+    the detector judges, so a grey device still gets the pool's cap."""
+    devices = {
+        f"n{k}-gpu{i}": ("us-east-h100", f"rack-{k // 4}") for k in range(8) for i in range(8)
+    }
+    guard = Guardrail(GuardrailConfig(), devices=devices)  # pool 64 (cap 6), racks 32 (cap 8)
     ladder = IsolationLadder(LadderConfig(), guard)
     for device in sorted(devices):
         ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
-    assert len(ladder.verdict(_lost("n1-gpu0", 100), now=_at(100))) == 8
-    [refused] = ladder.verdict(_lost("n2-gpu0", 101), now=_at(101))
+    for k in range(4):  # 32 of 64; rack-0 wholly out
+        assert len(ladder.verdict(_lost(f"n{k}-gpu0", 100 + k), now=_at(100 + k))) == 8
+    [refused] = ladder.verdict(_lost("n4-gpu0", 110), now=_at(110))
     assert (refused.allowed, refused.reason) == (False, "pool_cap")
-    assert not guard.state.isolated & {f"n2-gpu{i}" for i in range(8)}
+    assert "32 (+8) of 64" in refused.message and "lost node" in refused.message
+    assert not guard.state.isolated & {f"n4-gpu{i}" for i in range(8)}
+    [grey] = ladder.verdict(_verdict("n5-gpu1", HealthStatus.DYING, 111), now=_at(111))
+    assert (grey.action, grey.allowed) == (RouteAction.DEWEIGHT, True)
+    assert guard.state.lost == {f"n{k}-gpu{i}" for k in range(4) for i in range(8)}
+    restored = GuardrailState.from_json(guard.state.to_json())
+    assert (restored.lost, restored.isolated) == (guard.state.lost, guard.state.isolated)

@@ -224,3 +224,22 @@ def test_a_node_drained_as_one_unit_survives_a_restart_and_is_restored_once() ->
     p.tick(20 + wiring.ladder.probation_s)
     assert p.issued == [("node-00001", RouteAction.RESTORE)]
     assert p.isolated() == set()
+
+
+def test_a_lost_node_stays_beside_the_caps_across_a_restart() -> None:
+    """A node lost as a whole is quarantined as one unit and, after a restart, still counts
+    in no cap: a device fault elsewhere in the pool gets the cap (1 of 16) as before."""
+    topic: dict[str, bytes] = {}
+    p = Process(topic)  # default guardrail: pool cap 1 of 16
+    p.feed(_fleet({}, 0), 0)
+    silent = Signal(name="heartbeat_lost_s", value=15, threshold=10)
+    lost = [
+        _verdict(d, HealthStatus.FAILED, 70).model_copy(update={"signals": (silent,)})
+        for d in DEVICES[8:]
+    ]
+    p.feed(lost, 70)
+    assert sorted(p.issued) == sorted((d, RouteAction.QUARANTINE) for d in DEVICES[8:])
+    p = Process(topic)  # SIGKILL and start again
+    assert p.ladder.guard.state.lost == set(DEVICES[8:])
+    p.feed([_verdict(DEVICES[0], HealthStatus.DYING, 80)], 80)
+    assert p.issued == [(DEVICES[0], RouteAction.DEWEIGHT)]
