@@ -448,25 +448,32 @@ def _time_to_isolate(
     node_devices: Mapping[str, set[str]],
     grace: timedelta,
 ) -> tuple[dict[str, list[float]], list[str]]:
-    """Per kind, seconds from each fault's start until every device it harms was isolated
-    (an allowed step off full service for the device, or for its node as one unit, during
-    the fault); and the faults some device of which never was (held back by the guardrail,
-    or not judged worth a step: a cohort's, a fault that ended first)."""
-    first: dict[str, list[datetime]] = defaultdict(list)  # device -> its isolating steps
-    for d in decisions:
-        if d.outcome is DecisionOutcome.REFUSED or d.action in ("restore", ATTRIBUTE):
+    """Per kind, seconds from each fault's start until every device it harms was out of
+    full service (an allowed isolating step for the device, or for its node as one unit,
+    during the fault; a device already out when the fault began counts as out at once);
+    and the faults some device of which never was (held back by the guardrail, or not
+    judged worth a step: a cohort's, a fault that ended first)."""
+    steps: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)  # device -> (at, out)
+    for d in sorted(decisions, key=lambda d: d.decided_at):
+        if d.outcome is DecisionOutcome.REFUSED or d.action == ATTRIBUTE:
             continue
         for device in node_devices.get(d.target) or (d.target,):
-            first[device].append(d.decided_at)
+            steps[device].append((d.decided_at, d.action != "restore"))
     tti: dict[str, list[float]] = defaultdict(list)
     missing = []
     for f in faults:
         out_at = []
         for device in f.devices:
-            steps = [at for at in first.get(device, ()) if f.start <= at <= f.end + grace]
-            if not steps:
+            before = [out for at, out in steps.get(device, ()) if at < f.start]
+            during = [
+                at for at, out in steps.get(device, ()) if out and f.start <= at <= f.end + grace
+            ]
+            if before and before[-1]:
+                out_at.append(f.start)  # out of service already
+            elif during:
+                out_at.append(during[0])
+            else:
                 break
-            out_at.append(min(steps))
         else:
             if out_at:
                 tti[f.kind].append(round((max(out_at) - f.start).total_seconds(), 3))

@@ -130,3 +130,9 @@ def test_time_to_isolate_waits_for_every_device_a_fault_harms() -> None:
     faults_x = [Fault("x", "grey_slowdown", start, end, frozenset({"x-g0"}))]
     s2 = score(faults_x, [_verdict("x-g0", HealthStatus.DYING, 105)], late, {}, observed_s=86_400.0)
     assert s2.summary()["not_isolated"] == ["x (grey_slowdown)"]
+    # a device already out when its fault begins (quarantined with its crashed node) is out
+    early = [step("x-g0", 50, issued)]
+    s3 = score(
+        faults_x, [_verdict("x-g0", HealthStatus.DYING, 105)], early, {}, observed_s=86_400.0
+    )
+    assert s3.summary()["per_kind"]["grey_slowdown"]["time_to_isolate_p50_s"] == 0.0
