@@ -17,14 +17,13 @@ the first that refuses names the reason:
    cluster by default; a rack holds few nodes, so its default is a node's share).
    A pool's cap counts devices taken out one by one: one whole node out (every
    device of it isolated: drained as a unit, or quarantined as one when it went
-   silent) is the pool's spare node, beside its cap, not in it. Pools are provisioned a
-   node spare, and hardware fails in nodes; without it, one crashed 8-device
+   silent) is the pool's spare node, beside its cap, not in it. Pools are
+   provisioned a node spare, and hardware fails in nodes; without it, one crashed 8-device
    node filled a 10% cap of 80 devices and held every device fault of the pool
    back until the node came back. A node counts as whole only once its devices
    are known: each named by a verdict, the newest ``node_settle_s`` ago (after a
    restart, verdicts name a node's devices one by one, and the first two out are
-   not the node);
-   A node lost as a whole (its heartbeat gone: ``Proposal.lost``) is past help
+   not the node). A node lost as a whole (its heartbeat gone: ``Proposal.lost``) is past help
    and serves nothing. It leaves as a dead host leaves by an active health
    check, while the caps are for what the detector judges (Envoy's 10% is for
    outlier ejection, and counts no host a health check removed): it skips both
@@ -38,7 +37,7 @@ is one action for the rate limit and the lockout, and every member for the
 blast radius; a pool or rack may always lose one whole node when nothing else
 of it is isolated (a node is the unit hardware fails in). The two allowances
 do not add up: with something already out, a unit passes only within the cap
-plus the spare node, so a second whole node counts in full.
+plus the spare node, so a second node drained counts in full.
 
 Scaling a model's replicas (warm, cool) passes :meth:`Guardrail.check_scaling`:
 fail-static for both; a cool (capacity taken away) is also refused while
