@@ -154,7 +154,7 @@ def test_only_confirmed_evidence_of_a_devices_own_skips_the_caps() -> None:
     devices = {f"d{i}": ("us-east-h100", "rack-0000") for i in range(20)}
     ladder = IsolationLadder(LadderConfig(), Guardrail(GuardrailConfig(), devices=devices))
     ladder.guard.observe(START)
-    silent = (Signal(name="heartbeat_lost_s", value=9.0, threshold=5.0),)
+    silent = (Signal(name="device_silent_s", value=9.0, threshold=5.0),)  # off the bus alone
     one = (
         Signal(name="ecc_dbe", value=1, threshold=1),
         Signal(name=HARD_CONFIRMED, value=1, threshold=2),
@@ -176,7 +176,7 @@ def test_only_confirmed_evidence_of_a_devices_own_skips_the_caps() -> None:
         allowed[device] = (step.allowed, step.reason)
     cap = ladder.guard.cap(20)  # 2 of a 20-device pool
     assert [d for d in ("d0", "d1", "d2") if allowed[d][0]] == ["d0", "d1"][:cap]
-    assert allowed["d2"] == (False, "pool_cap")  # silence pays the cap like any isolation
+    assert allowed["d2"] == (False, "pool_cap")  # silent alone: pays the cap
     assert allowed["d3"] == (False, "pool_cap")  # so does one unconfirmed sample
     assert allowed["d4"][0] and allowed["d5"][0]  # confirmed: no healthy capacity to lose
 
@@ -228,7 +228,7 @@ def test_a_refused_quarantine_is_not_asked_again_on_a_latch_alone() -> None:
         LadderConfig(retry_s=30), Guardrail(GuardrailConfig(), devices=devices)
     )
     ladder.guard.observe(START)
-    silent = (Signal(name="heartbeat_lost_s", value=9.0, threshold=5.0),)
+    silent = (Signal(name="device_silent_s", value=9.0, threshold=5.0),)  # off the bus alone
     assert ladder.verdict(_verdict("d0", HealthStatus.FAILED, silent), now=START)[0].allowed
     xid = Signal(name="xid_79", value=79, threshold=0)
 
