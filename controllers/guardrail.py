@@ -18,18 +18,18 @@ the first that refuses names the reason:
    A pool's cap counts devices taken out one by one: one whole node out (every
    device of it isolated: drained as a unit, or quarantined as one when it went
    silent) is the pool's spare node, beside its cap, not in it. Pools are
-   provisioned a node spare, and hardware fails in nodes; without it, one crashed 8-device
-   node filled a 10% cap of 80 devices and held every device fault of the pool
-   back until the node came back. A node counts as whole only once its devices
+   provisioned a node spare, and hardware fails in nodes; without it, one
+   crashed 8-device node filled a 10% cap of 80 devices and held every device
+   fault of the pool back until the node came back. A node counts as whole only once its devices
    are known: each named by a verdict, the newest ``node_settle_s`` ago (after a
    restart, verdicts name a node's devices one by one, and the first two out are
-   not the node). A node lost as a whole (its heartbeat gone: ``Proposal.lost``) is past help
-   and serves nothing. It leaves as a dead host leaves by an active health
-   check, while the caps are for what the detector judges (Envoy's 10% is for
-   outlier ejection, and counts no host a health check removed): it skips both
-   caps, and the caps do not count it, up to ``lost_max_ratio`` of its pool
-   out in all (Envoy's panic threshold: past half a pool, our view of the
-   pool is more likely wrong than the pool);
+   not the node). A node lost as a whole (its heartbeat gone: ``Proposal.lost``)
+   is past help and serves nothing. It leaves as a dead host leaves by an active
+   health check, while the caps are for what the detector judges (Envoy's 10% is
+   for outlier ejection, and counts no host a health check removed): it skips both
+   caps, and the caps do not count it, up to ``lost_max_ratio`` of its pool out in
+   all (Envoy's panic threshold: past half a pool, our view of the pool is more
+   likely wrong than the pool);
 4. rate: at most ``max_actions`` isolating actions per ``rate_window_s``.
 
 A unit of devices taken out together (a node drained as one, ``Proposal.members``)
@@ -323,11 +323,11 @@ class Guardrail:
                 (GuardReason.POOL_CAP, self._pool_size, f.pools, c.max_isolated_ratio),
                 (GuardReason.RACK_CAP, self._rack_size, f.racks, c.rack_max_isolated_ratio),
             )
+        counted = s.isolated if lost else s.isolated - s.lost  # see lost_max_ratio
         for reason, sizes, floors, ratio in caps:
             adding = Counter(self._where(d, reason) for d in new)
             for key, count in sorted(adding.items(), key=lambda kv: str(kv[0])):
                 assert key is not None  # every unit is a known device (checked above)
-                counted = s.isolated if lost else s.isolated - s.lost  # see lost_max_ratio
                 members = sum(1 for d in counted if self._where(d, reason) == key)
                 size = max(sizes[key], floors.get(key, 0))
                 limit = self.cap(size, ratio)
