@@ -164,12 +164,19 @@ def test_isolation_state_survives_five_sigkills(
         )
 
         def verdicts() -> list[tuple[str, int]]:
+            """The verdicts the ladder took, in the order it read them: a restarted detector
+            judges again what its previous life had judged, and the ladder, which has acted
+            on a later verdict, takes those replays as no news (whatever they say)."""
             rows = ingest.sql(
                 "SELECT status, toUnixTimestamp64Milli(observed_at) FROM fleetloop.verdicts "
                 f"WHERE {where} AND device_uuid = '{RECOVERS}' AND observed_at <= "
-                f"fromUnixTimestamp64Milli({restored_ms}) ORDER BY observed_at"
+                f"fromUnixTimestamp64Milli({restored_ms}) ORDER BY src_partition, src_offset"
             )
-            return [(str(status), int(ms)) for status, ms in rows]
+            taken: list[tuple[str, int]] = []
+            for status, ms in rows:
+                if not taken or int(ms) >= taken[-1][1]:
+                    taken.append((str(status), int(ms)))
+            return taken
 
         def healthy_after_bad() -> list[int]:
             seen = verdicts()
