@@ -27,8 +27,10 @@ When several groups explain it, the broadest one does (a cohort before a rack,
 a rack before a node): a cause shared by every node of a rack is the rack's.
 A shared signal is not the device's evidence: the device stays healthy on it,
 its verdict says which group explains it and why, and the group is watched.
-A watched group is judged on its median like a device (over, then sustained)
-and gets verdicts of its own (``level`` node, rack or cohort) until it is
+A watched group is judged on its median like a device (over, then sustained;
+and, like a device, not on what a broader group of its members has moved as
+far: a rollout reaches one node of a type first, and that node is not its
+cause) and gets verdicts of its own (``level`` node, rack or cohort) until it is
 healthy again. A device that deviates from its node *and* its cohorts (the one
 slow chip of a braked rack, the one hot chip of a hot node) is still judged
 alone. A median needs a majority: two slow devices of an eight-device node
@@ -251,6 +253,40 @@ class CommonMode:
             self.watched.setdefault(best.key, GroupState())
         return best
 
+    def _broader(
+        self,
+        key: GroupKey,
+        name: str,
+        reading: GroupReading,
+        kinds: tuple[str, ...],
+        at_s: float,
+    ) -> GroupKey | None:
+        """A broader group of ``key``'s members that has moved on ``name`` as far as ``key``
+        has (less than the signal's floor between their medians), or as widely for a counted
+        signal; it is watched from then on. A group is judged as a device is: what it shares
+        with a broader one is not its own (a rollout slows every node of a type, and the
+        first node seen slow is not the cause)."""
+        anyone = next(iter(self.members.get(key, ())), None)
+        if anyone is None:
+            return None
+        groups = self.of_device.get(anyone, {})
+        for kind in sorted(kinds, key=BREADTH.__getitem__, reverse=True):
+            wider = groups.get(kind)
+            if BREADTH[kind] <= BREADTH[key.kind] or wider is None:
+                continue
+            w = self.reading(wider, name, at_s)
+            if w is None:
+                continue
+            if counted(name):
+                shared = w.over_share >= SHARED_SHARE
+            else:
+                floor = self.floors[name]
+                shared = w.median >= MOVED_SHARE * floor and reading.median - w.median < floor
+            if shared:
+                self.watched.setdefault(wider, GroupState())
+                return wider
+        return None
+
     # -- watched groups -------------------------------------------------------------------
 
     def judge(self, at_s: float) -> list[GroupJudgement]:
@@ -271,7 +307,7 @@ class CommonMode:
                     continue
                 readings[name] = g
                 members = max(members, g.members)
-                if self.group_over(name, g):
+                if self.group_over(name, g) and not self._broader(key, name, g, kinds, at_s):
                     over[name] = at_s - state.since.setdefault(name, at_s)
                 else:
                     state.since.pop(name, None)

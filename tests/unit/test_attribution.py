@@ -114,6 +114,38 @@ def test_a_group_is_over_then_sustained_then_healthy_again() -> None:
     assert common.watched == {}
 
 
+def test_a_watched_node_whose_cause_turns_out_broader_gives_it_to_the_broader_group() -> None:
+    """A rollout or a rack's air reaches one node first: the node is watched, then every
+    node of the rack moves as far. The node is not judged on what its rack shares (a
+    held-out seed drained two nodes, 8 healthy devices each, in a rollout's first seconds),
+    and the rack is watched instead."""
+    values = {f"d{i}": 10.0 if i < 4 else 0.0 for i in range(12)}
+
+    def reading_of(device: str, name: str, at_s: float) -> Reading | None:
+        del at_s
+        return Reading(name, values[device], 8.0) if name == "thermal_resid_celsius" else None
+
+    common = CommonMode(
+        reading_of, {"thermal_resid_celsius": 8.0}, sustain_s=10.0, verdict_interval_s=30.0
+    )
+    for i, device in enumerate(values):
+        common.place(device, "node", f"n{i // 4}")
+        common.place(device, "rack", "r1")
+    hot = Reading("thermal_resid_celsius", 10.0, 8.0)
+    assert common.explain("d0", hot, 0.0) == common.explain("d1", hot, 0.0)
+    assert [(j.key.kind, j.status) for j in common.judge(0.0)] == [("node", HealthStatus.SUSPECT)]
+    values.update({d: 10.0 for d in values})  # the whole rack, as far as the node
+    judged = [(j.key.kind, j.status) for at in range(2, 41) for j in common.judge(float(at))]
+    assert ("node", HealthStatus.HEALTHY) in judged
+    assert ("node", HealthStatus.DYING) not in judged
+    assert ("rack", HealthStatus.DYING) in judged
+    values.update({f"d{i}": 30.0 for i in range(4)})  # and a node beyond its rack is its own
+    beyond = common.explain("d0", Reading("thermal_resid_celsius", 30.0, 8.0), 41.0)
+    assert beyond is not None and beyond.key == GroupKey("node", "n0")
+    statuses = {j.key.kind: j.status for j in common.judge(41.0)}
+    assert statuses.get("node") is HealthStatus.SUSPECT
+
+
 def test_a_median_needs_three_current_readings() -> None:
     common = _common({"d0": 12.0, "d1": 12.0})
     assert common.explain("d0", Reading("thermal_resid_celsius", 12.0, 8.0), 0.0) is None
