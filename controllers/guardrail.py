@@ -15,12 +15,15 @@ the first that refuses names the reason:
    ``rack_max_isolated_ratio`` of any rack isolated at once, but always at
    least ``min_isolated`` device (Envoy's outlier detection ejects at most 10% of a
    cluster by default; a rack holds few nodes, so its default is a node's share).
-   A pool's cap counts devices taken out one by one: one whole node out (every
+   Both caps count devices taken out one by one: one whole node out (every
    device of it isolated: drained as a unit, or quarantined as one when it went
-   silent) is the pool's spare node, beside its cap, not in it. Pools are
-   provisioned a node spare, and hardware fails in nodes; without it, one
-   crashed 8-device node filled a 10% cap of 80 devices and held every device
-   fault of the pool back until the node came back. A node counts as whole only once its devices
+   silent) is the pool's and the rack's spare node, beside their caps, not in
+   them. Pools are provisioned a node spare, and hardware fails in nodes;
+   without it, one crashed 8-device node filled a 10% cap of 80 devices and held
+   every device fault of the pool back until the node came back, and a node
+   whose cooling failed was refused its drain for as long as it overheated
+   because one device of its 32-device rack was out for its own fault (the
+   rack's cap is one node's share). A node counts as whole only once its devices
    are known: each named by a verdict, the newest ``node_settle_s`` ago (after a
    restart, verdicts name a node's devices one by one, and the first two out are
    not the node). A node lost as a whole (its heartbeat gone: ``Proposal.lost``)
@@ -333,9 +336,9 @@ class Guardrail:
                 limit = self.cap(size, ratio)
                 if proposal.members and not members:  # a pool or rack may always lose one
                     limit = max(limit, count)  # node, the unit of failure, when nothing is out
-                spare = 0  # a pool's spare node is beside its cap (looked for only when over)
-                if members + count > limit and reason is GuardReason.POOL_CAP and not lost:
-                    spare = self._spare_node(key, counted | set(new), now)
+                spare = 0  # a spare node is beside the cap (looked for only when over)
+                if members + count > limit and not lost:
+                    spare = self._spare_node(key, reason, counted | set(new), now)
                 if members + count - spare > limit:
                     adds = f" (+{count})" if count > 1 else ""
                     spared = f", {spare} of them its spare node" if spare else ""
@@ -370,9 +373,10 @@ class Guardrail:
         """The devices of ``node`` that a verdict has named (:meth:`register` with ``at``)."""
         return tuple(sorted(d for d in self._node_devices.get(node, ()) if d in self._named_at))
 
-    def _spare_node(self, pool: str, isolated: set[str], now: datetime) -> int:
-        """The devices of the largest node of ``pool`` wholly in ``isolated`` (two devices or
-        more, each named ``node_settle_s`` ago or more): its spare node, not in its cap."""
+    def _spare_node(self, key: str, reason: GuardReason, isolated: set[str], now: datetime) -> int:
+        """The devices of the largest node of pool or rack ``key`` (``reason`` says which)
+        wholly in ``isolated`` (two devices or more, each named ``node_settle_s`` ago or
+        more): its spare node, not in its cap."""
         whole = 0
         settled = timedelta(seconds=self.config.node_settle_s)
         for node in {self.node_of[d] for d in isolated if d in self.node_of}:
@@ -382,7 +386,7 @@ class Guardrail:
                 len(devices) >= 2
                 and all(at is not None and now - at >= settled for at in named)
                 and devices <= isolated
-                and all(self._where(d, GuardReason.POOL_CAP) == pool for d in devices)
+                and all(self._where(d, reason) == key for d in devices)
             ):
                 whole = max(whole, len(devices))
         return whole

@@ -171,6 +171,32 @@ def test_one_whole_node_out_is_the_pools_spare_not_in_its_cap() -> None:
     assert not g.check(Proposal("n1-gpu2", isolate=True), now=now).allowed  # 3 of 4: not whole
 
 
+def test_one_whole_node_out_is_the_racks_spare_too() -> None:
+    """A rack of four 8-device nodes (cap 25%: one node's share), one device out for its
+    own fault: a node whose cooling failed is still drained as one unit (it was refused for
+    as long as it overheated, on a held-out seed), and a second node is not."""
+    g = Guardrail(
+        GuardrailConfig(max_isolated_ratio=1.0, rack_max_isolated_ratio=0.25, max_actions=100),
+        devices={},
+    )
+    nodes = {f"n{k}": tuple(f"n{k}-gpu{i}" for i in range(8)) for k in range(4)}
+    for node, devices in nodes.items():
+        for d in devices:
+            g.register(d, pool="p", rack="rack-0", node=node, at=START)
+    now = START + timedelta(seconds=61)
+    g.observe(now)
+    assert g.check(Proposal("n0-gpu0", isolate=True), now=now).allowed
+    hot = g.check(Proposal("n1", isolate=True, members=nodes["n1"]), now=now)
+    assert hot.allowed, hot.message  # 1 (+8) of 32, 8 of them its spare node: cap 8 holds
+    second = g.check(Proposal("n2", isolate=True, members=nodes["n2"]), now=now)
+    assert (second.allowed, second.reason) == (False, GuardReason.RACK_CAP)
+    assert "9 (+8) of 32 isolated, 8 of them its spare node, cap 8" in second.message
+    for d in nodes["n0"][1:]:  # singles up to the cap (8) beside the spare node
+        assert g.check(Proposal(d, isolate=True), now=now).allowed
+    ninth = g.check(Proposal("n2-gpu0", isolate=True), now=now)
+    assert (ninth.allowed, ninth.reason) == (False, GuardReason.RACK_CAP)  # one spare only
+
+
 def test_a_node_whose_devices_are_still_being_named_is_not_a_spare() -> None:
     """After a restart the ladder names a node's devices as their verdicts come: the first
     two out are not the node, whatever the guardrail has seen of it so far."""
