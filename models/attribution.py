@@ -239,19 +239,22 @@ class CommonMode:
             g = self.reading(key, signal.name, at_s)
             if g is None:
                 continue
-            if counted(signal.name):
-                if g.over_share < SHARED_SHARE:
-                    continue
-            elif (
-                g.median < MOVED_SHARE * self.floors[signal.name]
-                or signal.value - g.median >= signal.threshold
-            ):
+            if not self._shares(signal.name, g, signal.value, signal.threshold):
                 continue  # the group has not moved, or the device is beyond it: its own
             if best is None or BREADTH[kind] > BREADTH[best.key.kind]:
                 best = Shared(key, g)
         if best is not None:
             self.watched.setdefault(best.key, GroupState())
         return best
+
+    def _shares(self, name: str, group: GroupReading, value: float, threshold: float) -> bool:
+        """Whether ``group`` explains a reading of ``value`` (a device's, or a narrower
+        group's median) over ``threshold``: as widely over, for a counted signal; for a
+        measured one, the group's median has moved and the value is not ``threshold``
+        beyond it."""
+        if counted(name):
+            return group.over_share >= SHARED_SHARE
+        return group.median >= MOVED_SHARE * self.floors[name] and value - group.median < threshold
 
     def _broader(
         self,
@@ -277,12 +280,7 @@ class CommonMode:
             w = self.reading(wider, name, at_s)
             if w is None:
                 continue
-            if counted(name):
-                shared = w.over_share >= SHARED_SHARE
-            else:
-                floor = self.floors[name]
-                shared = w.median >= MOVED_SHARE * floor and reading.median - w.median < floor
-            if shared:
+            if self._shares(name, w, reading.median, self.floors[name]):
                 self.watched.setdefault(wider, GroupState())
                 return wider
         return None
