@@ -20,9 +20,11 @@ not optional):
 4. otherwise the budget proposed is a feedforward plus a PID trim:
    ``load_setpoint_ratio`` less the busiest baseline ratio of the last
    ``stabilise_up_s`` (a dip that may come back is not room; a rise shows at
-   once; a ramp down, where a falling line explains ``ramp_fit`` of the
-   window's variance, is sized for that line now plus twice its residual
-   spread, and restarts the stabilisation window), plus a PID
+   once; a step down, a reading ``step_down_ratio`` under the window's busiest
+   and ``step_down_sigmas`` standard deviations under its mean, is taken at
+   once and restarts the window; a ramp down, where a falling line explains
+   ``ramp_fit`` of the window's variance, is sized for that line now plus
+   twice its residual spread, and restarts the window too), plus a PID
    (:mod:`controllers.pid`) on ``setpoint_ratio - trend`` for what that
    misses (without a baseline ratio, the PID alone). Then a
    tolerance (increases under ``tolerance_ratio``, cuts under
@@ -81,6 +83,7 @@ class CapacityConfig:
     tolerance_floor: float = 0.01
     stabilise_up_s: float = 120.0
     step_down_ratio: float = 0.15  # baseline this far under the window's busiest: a step
+    step_down_sigmas: float = 3.0  # ... and this many of its standard deviations under its mean
     ramp_fit: float = 0.8  # a falling line explaining this share of the window's variance
     ramp_window_s: float = 300.0  # the readings a ramp down is fitted to
     up_per_s: float = 0.005  # budget may grow by 0.5% of capacity per second at most
@@ -175,7 +178,7 @@ class CapacityController:
             # sized for the busiest baseline of the stabilisation window: a dip that may
             # come back is not room (a rise shows at once)
             peak = self._peak(now, default=baseline_ratio)
-            if baseline_ratio < peak * (1.0 - c.step_down_ratio):
+            if self._stepped_down(now, baseline_ratio, peak):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
                 self.baselines.clear()
@@ -213,6 +216,22 @@ class CapacityController:
             f"budget {applied:.3f}, wanted {s.output:.3f}",
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
+
+    def _stepped_down(self, now: datetime, baseline: float, peak: float) -> bool:
+        """Whether this period's ``baseline`` stepped down out of the stabilisation window's
+        range: ``step_down_ratio`` under its busiest, and further under its mean than the
+        window's own swing explains (``step_down_sigmas`` of its standard deviations), so a
+        trough of an oscillation read through sensor noise is not taken for a step. One
+        reading decides, so a real step hands its room out in the period it is seen."""
+        if baseline >= peak * (1.0 - self.config.step_down_ratio):
+            return False
+        since = now - timedelta(seconds=self.config.stabilise_up_s)
+        window = [b for t, b in self.baselines if t >= since]
+        if len(window) < 2:
+            return True
+        mean = sum(window) / len(window)
+        spread = math.sqrt(sum((b - mean) ** 2 for b in window) / (len(window) - 1))
+        return baseline < mean - self.config.step_down_sigmas * spread
 
     def _peak(self, now: datetime, *, default: float) -> float:
         """The busiest baseline of the stabilisation window."""

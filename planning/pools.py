@@ -52,19 +52,54 @@ NOTEWORTHY = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplicaLoad:
-    """One replica in one period, as its last serving report said."""
+    """One replica's serving reports in one period, summed. Batch and queue are gauges read
+    once a report: a queue comes and goes within seconds, so one report (the last, say) is
+    a noisy reading of what the period held; their mean over the period is not."""
 
-    batch: int  # sequences in its running batch
-    queue: int  # requests waiting
-    baseline_share: float  # of the requests it served, the share that was not optional
-    tpot_p95_s: float | None
+    reports: int = 0
+    work: float = 0.0  # sequences held, running or waiting, summed over the reports
+    baseline_work: float = 0.0  # the same, times the share of requests that was not optional
+    batch_peak: int = 0  # the largest running batch a report showed
+    tpot_s: float = 0.0  # TPOT p95, summed over the reports that had one
+    unit_tpot_s: float = 0.0  # TPOT at a batch of one, the same way
+    tpot_reports: int = 0
 
-    @property
-    def work(self) -> int:
-        """Sequences it holds, running or waiting."""
-        return self.batch + self.queue
+    def add(self, metrics: AnyServingSample, doubling_batch: float) -> None:
+        baseline = 1.0
+        if metrics.optional_requests is not None and metrics.requests > 0:
+            baseline = 1.0 - metrics.optional_requests / metrics.requests
+        work = metrics.batch_size + metrics.queue_depth
+        self.reports += 1
+        self.work += work
+        self.baseline_work += work * baseline
+        self.batch_peak = max(self.batch_peak, metrics.batch_size)
+        if metrics.tpot_p95_s is not None and metrics.tpot_p95_s > 0:
+            self.tpot_s += metrics.tpot_p95_s
+            self.unit_tpot_s += metrics.tpot_p95_s / (1.0 + metrics.batch_size / doubling_batch)
+            self.tpot_reports += 1
+
+    def room(self, target: int, doubling_batch: float, allowed_s: float) -> float:
+        """The batch it can run with its TPOT p95 at ``allowed_s``: ``target``, or less where
+        its TPOT (growing as ``1 + batch / doubling_batch``) would reach ``allowed_s`` first."""
+        if not self.tpot_reports:
+            return float(target)
+        unit_s = self.unit_tpot_s / self.tpot_reports
+        return min(float(target), max(0.0, doubling_batch * (allowed_s / unit_s - 1.0)))
+
+    def baseline_at(self, room: float, doubling_batch: float) -> float:
+        """The sequences its baseline work would hold with the replica full (a batch of
+        ``room``). By Little's law a request holds its slot for as long as its tokens take,
+        so the baseline's concurrency grows with TPOT: read at today's TPOT it rises when
+        optional work slows the replica and falls when that work is taken off, and a
+        budget sized on it chases its own shadow. At the TPOT of a full replica it is the
+        baseline's demand on the slots alone."""
+        mean = self.baseline_work / self.reports
+        if not self.tpot_reports or self.tpot_s <= 0:
+            return mean
+        full_s = self.unit_tpot_s / self.tpot_reports * (1.0 + room / doubling_batch)
+        return mean * full_s / (self.tpot_s / self.tpot_reports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +169,9 @@ class ControlPlanner(ThrottleIssuer):
             if metrics.tpot_p95_s is not None:
                 sample = TpotSample(metrics.tpot_p95_s, max(metrics.requests, 1))
                 pool.tpot.setdefault(metrics.model, []).append(sample)
-            baseline = 1.0
-            if metrics.optional_requests is not None and metrics.requests > 0:
-                baseline = 1.0 - metrics.optional_requests / metrics.requests
             self.power.serving(metrics)
-            pool.replicas[metrics.replica_id] = ReplicaLoad(
-                metrics.batch_size, metrics.queue_depth, baseline, metrics.tpot_p95_s
-            )
+            load = pool.replicas.setdefault(metrics.replica_id, ReplicaLoad())
+            load.add(metrics, self.wiring.tpot_doubling_batch)
         return out
 
     # -- period ends ----------------------------------------------------------------------
@@ -153,11 +184,14 @@ class ControlPlanner(ThrottleIssuer):
         replicas = list(pool.replicas.values())
         pool.tpot, pool.replicas = {}, {}
         # what the pool can run: each replica's batch target, or less where its TPOT would
-        # pass the latency setpoint first
-        slots = max(1e-9, sum(self._room(r, pool.guard.target) for r in replicas))
-        load = sum(r.work for r in replicas) / slots
+        # pass the latency setpoint first; and what it held, on average over the period
+        allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
+        k = wiring.tpot_doubling_batch
+        rooms = [r.room(pool.guard.target, k, allowed_s) for r in replicas]
+        slots = max(1e-9, sum(rooms))
+        load = sum(r.work / r.reports for r in replicas) / slots
         # the work that is not optional: what the budget must leave room for (feedforward)
-        base = sum(r.work * r.baseline_share for r in replicas) / slots
+        base = sum(r.baseline_at(room, k) for r, room in zip(replicas, rooms, strict=True)) / slots
         before = pool.capacity.budget
         d = pool.capacity.step(
             now=end,
@@ -188,7 +222,7 @@ class ControlPlanner(ThrottleIssuer):
                         "funnel_extra_candidates": round(spend.funnel_extra, 3),
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
-        in_use = max((r.batch for r in replicas), default=None)
+        in_use = max((r.batch_peak for r in replicas), default=None)
         b = pool.guard.step(tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use)
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
             out.append(self._output(
@@ -198,15 +232,6 @@ class ControlPlanner(ThrottleIssuer):
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
         return out
-
-    def _room(self, replica: ReplicaLoad, target: int) -> float:
-        """The batch ``replica`` can run with its TPOT p95 at the latency setpoint."""
-        if replica.tpot_p95_s is None or replica.tpot_p95_s <= 0:
-            return float(target)
-        k, wiring = self.wiring.tpot_doubling_batch, self.wiring
-        base_s = replica.tpot_p95_s / (1.0 + replica.batch / k)  # its TPOT at a batch of one
-        allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
-        return min(float(target), max(0.0, k * (allowed_s / base_s - 1.0)))
 
 
 def _pool_p95(samples: list[TpotSample]) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -282,6 +283,22 @@ def test_feedforward_tells_a_step_down_from_an_oscillation_trough() -> None:
     # a step up shows at once: the budget falls in the period it is seen
     up = _feedforward([0.45] * 60 + [0.6] * 5)
     assert up[60] < up[59]
+
+
+def test_a_noisy_trough_is_not_a_step_down_and_a_step_still_is() -> None:
+    # the same +-5% oscillation read through 3% sensor noise: peak to trough is then more
+    # than the 15% a step down must fall, and no longer a sign of one (it is inside the
+    # window's own swing); a 25% step down through the same noise is taken at once
+    rng = random.Random(7)
+    noise = [1 + rng.gauss(0.0, 0.03) for _ in range(240)]
+    wave = [0.6 * (1 + 0.05 * math.sin(2 * math.pi * k * PERIOD / 120)) * noise[k]
+            for k in range(240)]  # fmt: skip
+    held = _feedforward(wave)
+    changes = sum(1 for a, b in itertools.pairwise(held[40:]) if a != b)
+    assert changes * 300 / (200 * PERIOD) <= 1.0, changes
+    step = [0.6 * n for n in noise[:60]] + [0.45 * n for n in noise[60:70]]
+    budgets = _feedforward(step)
+    assert budgets[60] > budgets[59]
 
 
 def test_feedforward_follows_a_ramp_down_without_waiting_out_the_window() -> None:
