@@ -135,6 +135,8 @@ class CapacityController:
         )
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
         self.baselines: deque[tuple[datetime, float]] = deque()
+        self.levels: deque[tuple[datetime, float]] = deque()  # the trend's, by period
+        self.recent_baselines: deque[float] = deque(maxlen=c.trend_window)
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
@@ -175,20 +177,32 @@ class CapacityController:
         if baseline_ratio is not None and math.isfinite(baseline_ratio):
             # feedforward: what the load setpoint leaves once baseline work is in; the PID
             # trims what this misses (the latency side, estimation error)
-            # sized for the busiest baseline of the stabilisation window: a dip that may
-            # come back is not room (a rise shows at once)
+            # sized for the busiest baseline level of the stabilisation window: a dip that
+            # may come back is not room. A level is the median of the trend window's
+            # readings (one noisy period does not cut the budget, nor, when it leaves the
+            # window, raise it); a reading past the window's own swing is a step, taken at
+            # once: up, it is the level now; down, the windows start again
+            mean, spread = self._swing(now)
             peak = self._peak(now, default=baseline_ratio)
-            if self._stepped_down(now, baseline_ratio, peak):
+            if self._stepped_down(baseline_ratio, peak, mean - c.step_down_sigmas * spread):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
                 self.baselines.clear()
+                self.levels.clear()
+                self.recent_baselines.clear()
                 self.stabiliser.forget()
+            self.recent_baselines.append(baseline_ratio)
+            level = median(self.recent_baselines)
+            if baseline_ratio > mean + c.step_down_sigmas * spread:
+                level = max(level, baseline_ratio)
             self.baselines.append((now, baseline_ratio))
-            while self.baselines[0][0] < now - timedelta(
-                seconds=max(c.stabilise_up_s, c.ramp_window_s)
-            ):
+            self.levels.append((now, level))
+            horizon = now - timedelta(seconds=max(c.stabilise_up_s, c.ramp_window_s))
+            while self.baselines[0][0] < horizon:
                 self.baselines.popleft()
-            level = self._peak(now, default=baseline_ratio)
+            while self.levels[0][0] < horizon:
+                self.levels.popleft()
+            level = self._peak(now, default=level)
             ramp = self._ramp_level(now)
             if ramp is not None and ramp < level:
                 level = ramp
@@ -217,26 +231,31 @@ class CapacityController:
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
 
-    def _stepped_down(self, now: datetime, baseline: float, peak: float) -> bool:
-        """Whether this period's ``baseline`` stepped down out of the stabilisation window's
-        range: ``step_down_ratio`` under its busiest, and further under its mean than the
-        window's own swing explains (``step_down_sigmas`` of its standard deviations), so a
-        trough of an oscillation read through sensor noise is not taken for a step. One
-        reading decides, so a real step hands its room out in the period it is seen."""
-        if baseline >= peak * (1.0 - self.config.step_down_ratio):
-            return False
+    def _swing(self, now: datetime) -> tuple[float, float]:
+        """The mean and standard deviation of the stabilisation window's readings (an
+        infinite spread while there are fewer than two: nothing is past a swing unknown)."""
         since = now - timedelta(seconds=self.config.stabilise_up_s)
         window = [b for t, b in self.baselines if t >= since]
         if len(window) < 2:
-            return True
+            return (window[0] if window else 0.0), math.inf
         mean = sum(window) / len(window)
-        spread = math.sqrt(sum((b - mean) ** 2 for b in window) / (len(window) - 1))
-        return baseline < mean - self.config.step_down_sigmas * spread
+        return mean, math.sqrt(sum((b - mean) ** 2 for b in window) / (len(window) - 1))
+
+    def _stepped_down(self, baseline: float, peak: float, floor: float) -> bool:
+        """Whether this period's ``baseline`` stepped down out of the window's range:
+        ``step_down_ratio`` under its busiest level, and under ``floor``, its mean less
+        ``step_down_sigmas`` of its standard deviations (so a trough of an oscillation read
+        through sensor noise is not taken for a step). With fewer than two readings to
+        know the swing by, the ratio alone decides. One reading decides, so a real step
+        hands its room out in the period it is seen."""
+        if baseline >= peak * (1.0 - self.config.step_down_ratio):
+            return False
+        return baseline < floor or not math.isfinite(floor)
 
     def _peak(self, now: datetime, *, default: float) -> float:
-        """The busiest baseline of the stabilisation window."""
+        """The busiest baseline level of the stabilisation window."""
         since = now - timedelta(seconds=self.config.stabilise_up_s)
-        return max((b for t, b in self.baselines if t >= since), default=default)
+        return max((b for t, b in self.levels if t >= since), default=default)
 
     def _ramp_level(self, now: datetime) -> float | None:
         """While the baseline falls steadily, the line it falls on now plus twice the spread
@@ -301,6 +320,8 @@ class CapacityController:
         self.budget = floor + (was - floor) * left
         self.recent.clear()
         self.baselines.clear()
+        self.levels.clear()
+        self.recent_baselines.clear()
         return CapacityDecision(
             self.budget, self.budget, CapacityReason.STALE_INPUT,
             f"no latency for {(now - (self.fresh_at or since)).total_seconds():g} s: "

@@ -109,7 +109,9 @@ class PowerConfig:
     rise_window: int = 10
     low_clock_saving_ratio: float = 0.15  # what low-clock mode takes off a device's draw
     lift_step_ratio: float = 0.1  # of a device's cap range: the least lift worth an action
-    lift_window_s: float = 120.0  # a lift is sized for the busiest draw of this window
+    # a lift is sized for the busiest draw of this window: long enough to hold the peak of
+    # an oscillation up to five minutes long (HPA waits as long before it scales down)
+    lift_window_s: float = 300.0
     move_after_periods: int = 3  # caps held this long on a rack with batch work: move it
 
     def __post_init__(self) -> None:

@@ -60,7 +60,12 @@ class ReplicaLoad:
 
     reports: int = 0
     work: float = 0.0  # sequences held, running or waiting, summed over the reports
-    baseline_work: float = 0.0  # the same, times the share of requests that was not optional
+    # running sequences times the share of requests served that was not optional. Not the
+    # queue: the share served says nothing of what waits (a router that serves baseline
+    # first leaves mostly optional work waiting), and counting optional work that queues
+    # as baseline would cut the budget for the queue it made itself. What waits is the
+    # load's business (work over slots, in the PID's trend)
+    baseline_work: float = 0.0
     batch_peak: int = 0  # the largest running batch a report showed
     tpot_s: float = 0.0  # TPOT p95, summed over the reports that had one
     unit_tpot_s: float = 0.0  # TPOT at a batch of one, the same way
@@ -73,7 +78,7 @@ class ReplicaLoad:
         work = metrics.batch_size + metrics.queue_depth
         self.reports += 1
         self.work += work
-        self.baseline_work += work * baseline
+        self.baseline_work += metrics.batch_size * baseline
         self.batch_peak = max(self.batch_peak, metrics.batch_size)
         if metrics.tpot_p95_s is not None and metrics.tpot_p95_s > 0:
             self.tpot_s += metrics.tpot_p95_s

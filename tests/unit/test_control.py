@@ -382,8 +382,9 @@ def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() 
         is PowerReason.HOLD
         for k in range(6)
     )
-    # once nothing on the rack is held and the room covers what it drew, the work comes back
-    back = [ctl.step(now=at(200.0 + k), draw_watts=3000, limit_watts=5000, devices=rack(700, 0))
+    # once nothing on the rack is held and the room covers what it drew (the lift window,
+    # 300 s, past its busy draws), the work comes back
+    back = [ctl.step(now=at(400.0 + k), draw_watts=3000, limit_watts=5000, devices=rack(700, 0))
             for k in range(3)]  # fmt: skip
     assert back[-1].reason is PowerReason.HEADROOM and back[-1].return_batch_watts == 400.0
 

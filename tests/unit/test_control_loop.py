@@ -201,6 +201,30 @@ def test_a_period_is_judged_on_its_mean_load_not_its_last_report() -> None:
     assert ends_empty and ends_empty == pytest.approx(ends_full)
 
 
+def test_optional_work_that_waits_is_not_taken_for_baseline() -> None:
+    # a replica running 40 sequences, a tenth of its requests optional: whether 30 more
+    # requests wait or none, the baseline it must leave room for is the same (the wait
+    # shows in the load, which the PID trims on, not in the feedforward)
+    def feedforward(queue: int) -> list[float]:
+        planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+        out = []
+        for k in range(40):
+            m = ServingMetrics(
+                event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
+                replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+                region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=0.05,
+                queue_depth=queue, batch_size=40, tokens_per_s=900.0, requests=10, errors=0,
+                optional_requests=1,
+            )  # fmt: skip
+            for o in planner.serving(m):
+                d = o.decision
+                if d.controller == "capacity" and d.desired is not None and d.p_term is not None:
+                    out.append(d.desired - d.p_term - (d.i_term or 0.0) - (d.d_term or 0.0))
+        return out
+
+    assert feedforward(0) and feedforward(30) == pytest.approx(feedforward(0))
+
+
 def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
            requests: int) -> list[ThrottleOutput]:  # fmt: skip
     return planner.serving(

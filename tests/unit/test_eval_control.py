@@ -35,15 +35,20 @@ def test_eval_control_reports_every_policy_on_the_same_scenario(
                                           out["harvest_vs_oracle_hpa"])  # fmt: skip
 
 
-@pytest.mark.xfail(
+OSCILLATION_OPEN = pytest.mark.xfail(
     strict=True,
-    reason="the production ControlPlanner still acts 4.6-7.0 times per 300 s on a +-5% "
-    "oscillation (target <= 1; it was 18-30 before the planner read each period's mean and "
-    "the baseline by Little's law) and harvests 88% of the oracle on mix (target >= 90%); "
-    "the targets were met only by the hand assembly eval control ran before issue 15. "
-    "Open: issue 19",
+    reason="the production ControlPlanner acts 2.2 (mix) and 3.0 (shifts) times per 300 s on "
+    "a +-5% oscillation, where the target is <= 1: the rack planner caps a device at the "
+    "oscillation's peaks and lifts it 300 s later, and the budget still moves with some "
+    "peaks. SLO and harvest hold. Open: issue 19",
 )
-@pytest.mark.parametrize("name", ["mix", "shifts", "holdout"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("mix", marks=OSCILLATION_OPEN), pytest.param("shifts", marks=OSCILLATION_OPEN),
+     "holdout"],
+)  # fmt: skip
 def test_the_control_targets_hold_on_the_production_assembly(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
