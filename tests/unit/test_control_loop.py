@@ -25,7 +25,7 @@ from schemas.base import Contract
 from schemas.commands import ResultStatus, RouteAction, ThrottleAction
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
-from schemas.verdicts import DecisionOutcome
+from schemas.verdicts import Decision, DecisionOutcome
 from tests.factories import COMMAND_KEYS, START
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"
@@ -179,25 +179,28 @@ def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
     assert wanted and abs(wanted[-1] - (0.99 - 76.8 / 102.4)) < 0.02
 
 
+def _one_replica(queues: list[int], *, batch: int, optional: int) -> list[Decision]:
+    """A minute of one replica's serving reports, a second apart (its queue cycling through
+    ``queues``), through a planner: the capacity decisions it made."""
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    out = []
+    for k in range(60):
+        m = ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
+            replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+            region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=0.05,
+            queue_depth=queues[k % len(queues)], batch_size=batch, tokens_per_s=900.0,
+            requests=10, errors=0, optional_requests=optional,
+        )  # fmt: skip
+        out += [o.decision for o in planner.serving(m) if o.decision.controller == "capacity"]
+    return out
+
+
 def test_a_period_is_judged_on_its_mean_load_not_its_last_report() -> None:
     # a replica whose queue comes and goes (0 and 40 waiting, second by second): the budget
     # is the same whichever report happens to close the period
-    def budgets(queues: list[int]) -> list[float]:
-        planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
-        wanted = []
-        for k in range(60):
-            m = ServingMetrics(
-                event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
-                replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
-                region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=0.05,
-                queue_depth=queues[k % len(queues)], batch_size=32, tokens_per_s=900.0,
-                requests=10, errors=0, optional_requests=0,
-            )  # fmt: skip
-            wanted += [o.decision.desired for o in planner.serving(m) if o.decision.desired]
-        return wanted
-
-    ends_empty = budgets([40, 0] * 5)
-    ends_full = budgets([0, 40] * 5)
+    ends_empty = [d.desired for d in _one_replica([40, 0] * 5, batch=32, optional=0)]
+    ends_full = [d.desired for d in _one_replica([0, 40] * 5, batch=32, optional=0)]
     assert ends_empty and ends_empty == pytest.approx(ends_full)
 
 
@@ -206,21 +209,11 @@ def test_optional_work_that_waits_is_not_taken_for_baseline() -> None:
     # requests wait or none, the baseline it must leave room for is the same (the wait
     # shows in the load, which the PID trims on, not in the feedforward)
     def feedforward(queue: int) -> list[float]:
-        planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
-        out = []
-        for k in range(40):
-            m = ServingMetrics(
-                event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
-                replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
-                region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=0.05,
-                queue_depth=queue, batch_size=40, tokens_per_s=900.0, requests=10, errors=0,
-                optional_requests=1,
-            )  # fmt: skip
-            for o in planner.serving(m):
-                d = o.decision
-                if d.controller == "capacity" and d.desired is not None and d.p_term is not None:
-                    out.append(d.desired - d.p_term - (d.i_term or 0.0) - (d.d_term or 0.0))
-        return out
+        return [
+            d.desired - d.p_term - (d.i_term or 0.0) - (d.d_term or 0.0)
+            for d in _one_replica([queue], batch=40, optional=1)
+            if d.desired is not None and d.p_term is not None
+        ]
 
     assert feedforward(0) and feedforward(30) == pytest.approx(feedforward(0))
 
