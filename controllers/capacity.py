@@ -67,6 +67,7 @@ class CapacityReason(StrEnum):
     RATE_LIMITED = "rate_limited"
     CLAMPED = "clamped"
     GLOBAL_BUDGET = "global_budget"  # other pools hold the fleet's optional-work limit
+    POWER_LIMIT = "power_limit"  # a rack of the pool is over its limit, every lever spent
 
 
 @dataclass(frozen=True, slots=True)

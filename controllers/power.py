@@ -7,12 +7,18 @@ and its devices (draw, cap, cap range, criticality):
   ``rise_window`` periods; the draw plus that guard is what the next period
   may bring (a step of load shows in it before the breaker does);
 - **shed** when the draw plus guard exceeds ``target_ratio`` of the limit (at
-  once when the draw itself does, or the projection passes the limit; after
-  two periods in a row otherwise, so one noisy rise is not taken for a
-  trend): caps go down on the least critical devices first (most drawing
-  first among equals), each no lower than its minimum; what caps cannot take,
-  low-clock mode takes; what neither can, the rack's deferrable batch work
-  moved to a pool with headroom (:data:`PowerReason.MOVE_BATCH`);
+  once when the draw itself does; otherwise on the second rise in a row while
+  it does, so one rise, noisy or a step that has come and stopped, is not
+  taken for a trend: a draw that does go over is caught by the reading that
+  shows it, and a rack's readings close its period early): caps go down on
+  the least critical devices first (most drawing first among equals), each
+  no lower than its minimum; what caps cannot take, low-clock mode takes;
+  what neither can, the rack's deferrable batch work moved to a pool with
+  headroom (:data:`PowerReason.MOVE_BATCH`); and where the rack would still
+  stay over its limit (a tripped breaker takes every device down), caps go
+  on to the drivers' own floors (``floor_watts``), and what is left over the
+  limit is the plan's ``short_watts``: load that must come off the rack (the
+  planner stops the pool's optional work);
 - **move batch** when caps or low clocks have held ``move_after_periods``
   and the rack runs batch work (each device says how many of its watts are
   batch work's): caps act in milliseconds but slow everything the device
@@ -21,9 +27,10 @@ and its devices (draw, cap, cap range, criticality):
   room under the target (below) covers what it drew;
 - **lift** after ``hold_periods`` calm periods: undo in reverse (clocks back
   first, then caps, most critical first). A lift is sized for the busiest draw
-  ``B`` and the largest rise ``G`` of the last ``lift_window_s`` (an
-  oscillation's trough is not headroom): it gives back the room
-  ``R = target - B - G``. The rise a lift causes in the next two periods is
+  ``B`` of the last ``lift_window_s`` (an oscillation's trough is not
+  headroom) and the guard ``G``: it gives back the room
+  ``R = target - B - G``, less what an earlier lift gave and the draw does not
+  show yet. The rise a lift causes in the next two periods is
   known for ours and kept out of the guard (a trend of the load it is not). A
   period is calm when the projection is under ``release_ratio`` of the limit,
   or when ``R`` covers twice the smallest lift worth an action (a rack held at
@@ -73,6 +80,9 @@ class DevicePower:
     max_cap_watts: float
     low_clock: bool = False
     batch_watts: float = 0.0  # of its draw, deferrable batch work's
+    # the lowest cap its driver accepts, where that is under policy's floor
+    # (``min_cap_watts``): asked for only when a rack would otherwise stay over its limit
+    floor_watts: float | None = None
 
     @property
     def capped(self) -> bool:
@@ -98,6 +108,9 @@ class PowerPlan:
     message: str
     move_batch_watts: float = 0.0  # batch work to move off the rack (all of it, if any)
     return_batch_watts: float = 0.0  # batch work moved off earlier that may come back
+    # over the limit still with every lever spent (caps at the drivers' floors, clocks low,
+    # batch work moved): the load itself must come off the rack
+    short_watts: float = 0.0
     projected_watts: float = math.nan
 
 
@@ -165,13 +178,18 @@ class PowerController:
         target = c.target_ratio * limit_watts
         if projected > target:
             self.calm = 0
-            self.warned += 1
-            # a draw over the target, or a projection over the limit, sheds at once; a
-            # projection between the two must hold two periods (one noisy rise is no trend)
-            if draw_watts > target or projected > limit_watts or self.warned >= 2:
+            # a draw over the target sheds at once; a projection over it sheds on the
+            # second rise in a row, however far over (one rise, a noisy one or a step that
+            # has come and stopped, is no trend; a draw that does go over is caught by the
+            # reading that shows it)
+            self.warned = self.warned + 1 if rise > 0 or not self.warned else self.warned
+            if draw_watts > target:
                 return self._shed(projected - target, projected, limit_watts, devices)
+            # a trend is shed for what it shows: the draw plus its latest rise
+            if self.warned >= 2 and (trend := draw_watts + rise) > target:
+                return self._shed(trend - target, trend, limit_watts, devices)
             return PowerPlan((), PowerReason.HOLD,
-                             f"projected {projected:.0f} W over the target once: watched",
+                             f"projected {projected:.0f} W over the target: watched",
                              projected_watts=projected)  # fmt: skip
         self.warned = 0
         held = any(d.held for d in devices)
@@ -186,9 +204,12 @@ class PowerController:
                              f"caps held {c.move_after_periods} periods: move {batch:.0f} W "
                              "of batch work off the rack so they can come off",
                              move_batch_watts=batch, projected_watts=projected)  # fmt: skip
-        window = [(w, r) for at, w, r in self.history if at >= lift_since]
-        guard = max(r for _, r in window)
-        room = target - max(w for w, _ in window) - guard
+        # the busiest draw of the lift window, and the same guard the projection adds (the
+        # largest rise of the last rise_window periods: a step long past is no trend);
+        # what an earlier lift gave back and the draw does not show yet is spoken for
+        busiest = max(w for at, w, _ in self.history if at >= lift_since)
+        guard = max(r for _, _, r in recent)
+        room = target - busiest - guard - self.pending_watts
         if projected < c.release_ratio * limit_watts or self._lift_fits(room, devices):
             self.calm += 1
             if self.calm >= c.hold_periods and not held and 0 < self.batch_off_watts <= room:
@@ -239,16 +260,35 @@ class PowerController:
             if not d.low_clock:
                 left -= self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
                 actions.append(PowerAction(d.uuid, PowerLever.LOW_CLOCK))
+        batch = sum(d.batch_watts for d in devices)
+        # past policy's floors, clocks and the batch work there is to move, the rack would
+        # stay over: a tripped breaker takes every device down, so caps go to the drivers'
+        # own floors before that (the draw over the limit, not the target, is what trips)
+        over_limit = left - (1.0 - self.config.target_ratio) * limit - batch
+        for d in order:
+            if over_limit <= 0:
+                break
+            if d.floor_watts is not None and d.floor_watts < d.min_cap_watts - 0.5:
+                deeper = max(d.floor_watts, min(d.cap_watts, d.min_cap_watts) - over_limit)
+                saved = min(d.cap_watts, d.min_cap_watts, d.draw_watts) - deeper
+                if saved > 0.5:
+                    over_limit -= saved
+                    left -= saved
+                    actions = [a for a in actions if a.device_uuid != d.uuid or
+                               a.lever is not PowerLever.CAP]  # fmt: skip
+                    actions.append(PowerAction(d.uuid, PowerLever.CAP, round(deeper, 1)))
         moved = max(0.0, left)
         if moved > 0:
-            self.batch_off_watts = max(self.batch_off_watts, sum(d.batch_watts for d in devices))
+            self.batch_off_watts = max(self.batch_off_watts, batch)
         reason = PowerReason.MOVE_BATCH if moved > 0 else PowerReason.OVER_TARGET
+        short = max(0.0, over_limit)
         return PowerPlan(
             tuple(actions), reason,
             f"projected {projected:.0f} W over {self.config.target_ratio:g} of {limit:.0f} W: "
             f"{len(actions)} device action(s)"
-            + (f", move {moved:.0f} W of batch" if moved else ""),
-            move_batch_watts=moved, projected_watts=projected,
+            + (f", move {moved:.0f} W of batch" if moved else "")
+            + (f"; {short:.0f} W over the limit with every lever spent" if short else ""),
+            move_batch_watts=moved, projected_watts=projected, short_watts=short,
         )  # fmt: skip
 
     def _expect(self, watts: float) -> None:

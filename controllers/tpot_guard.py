@@ -13,6 +13,12 @@ spike moves nothing; a step does by the second period):
 - below ``low_ratio`` for ``hold_periods`` periods in a row (each reading,
   not the trend: raising is the risky direction): it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
+- with work waiting while the cap binds (its queue is part of the latency a
+  user sees, the time to first token): it rises by ``increase_step`` each
+  period while the TPOT predicted at the higher cap stays under
+  ``high_ratio`` (TPOT grows as ``1 + batch / doubling_batch``, the model the
+  planner sizes its room with), whatever the band says: a cap cut for a
+  slowdown that has passed must not hold baseline work in the queue;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
 Example::
@@ -33,6 +39,7 @@ from statistics import median
 class BatchReason(StrEnum):
     TPOT_HIGH = "tpot_high"
     TPOT_LOW = "tpot_low"
+    WORK_WAITING = "work_waiting"  # raised: work queues behind the cap, TPOT has room
     NOT_BATCH_BOUND = "not_batch_bound"
     HOLD = "hold"
     INVALID_INPUT = "invalid_input"
@@ -49,6 +56,7 @@ class TpotGuardConfig:
     hold_periods: int = 3
     cooldown_periods: int = 1
     trend_window: int = 3
+    doubling_batch: float = 128.0  # TPOT at this batch is twice TPOT at a batch of one
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -81,10 +89,15 @@ class TpotGuard:
         self.recent: deque[float] = deque(maxlen=config.trend_window)
 
     def step(
-        self, *, tpot_p95_s: float | None, slo_s: float, batch_in_use: int | None = None
+        self,
+        *,
+        tpot_p95_s: float | None,
+        slo_s: float,
+        batch_in_use: int | None = None,
+        waiting: bool = False,
     ) -> BatchDecision:
         """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
-        taken as binding)."""
+        taken as binding); ``waiting``, whether work queued behind it."""
         c, before = self.config, self.target
         self.since_cut += 1
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
@@ -106,6 +119,20 @@ class TpotGuard:
                 return BatchDecision(self.target, before, BatchReason.TPOT_HIGH,
                                      f"TPOT at {ratio:.2f} of the SLO: batch {before} -> "
                                      f"{self.target}")  # fmt: skip
+        elif (
+            waiting
+            and self.target < c.max_batch
+            and (batch_in_use is None or batch_in_use >= self.target - c.increase_step)
+        ):
+            self.low_streak = 0
+            raised = min(c.max_batch, self.target + c.increase_step)
+            grow = (1 + raised / c.doubling_batch) / (1 + self.target / c.doubling_batch)
+            if max(ratio, trend) * grow < c.high_ratio:
+                self.target = raised
+                return BatchDecision(self.target, before, BatchReason.WORK_WAITING,
+                                     f"work waits behind a cap of {before} with TPOT at "
+                                     f"{ratio:.2f} of the SLO (about {ratio * grow:.2f} at "
+                                     f"{raised}): batch {before} -> {raised}")  # fmt: skip
         elif ratio < c.low_ratio:
             self.low_streak += 1
             if self.low_streak >= c.hold_periods and self.target < c.max_batch:

@@ -11,6 +11,7 @@ A control scenario (YAML) drives `fleetloop eval control`::
       - {at_s: 1800, kind: oscillate, level: 0.35, amplitude_ratio: 0.05, period_s: 120}
       - {at_s: 3600, kind: step, level: 0.42}
       - {at_s: 4800, kind: ramp, level: 0.42, to: 0.5, until_s: 5400}
+      - {at_s: 5400, kind: trace, level: 0.45, step_s: 120, shape: [1.0, 1.1, 0.9]}
     events:
       - {at_s: 5400, kind: breaker, rack: 0, limit_ratio: 0.6, duration_s: 600}
       - {at_s: 6300, kind: stale, duration_s: 60}   # no latency reaches the controller
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Closed(BaseModel):
@@ -69,12 +72,16 @@ class PoolSpec(_Closed):
 
 class Segment(_Closed):
     at_s: float = Field(ge=0)
-    kind: Literal["steady", "step", "ramp", "oscillate"] = "steady"
+    kind: Literal["steady", "step", "ramp", "oscillate", "trace"] = "steady"
     level: float = Field(ge=0)
     to: float | None = Field(None, ge=0)
     until_s: float | None = None
     amplitude_ratio: float = Field(0.05, ge=0, lt=1)
     period_s: float = Field(120.0, gt=0)
+    # trace: a recorded series' shape (each value over the series' mean), one value per
+    # step_s, joined by straight lines; the load is level times the shape
+    shape: list[float] = Field(default_factory=list)
+    step_s: float = Field(600.0, gt=0)
 
     @model_validator(mode="after")
     def _ramp_has_an_end(self) -> Segment:
@@ -82,6 +89,8 @@ class Segment(_Closed):
             raise ValueError("a ramp needs 'to' and 'until_s'")
         if self.until_s is not None and self.until_s <= self.at_s:
             raise ValueError("until_s must be after at_s")
+        if self.kind == "trace" and (not self.shape or min(self.shape) < 0):
+            raise ValueError("a trace needs a 'shape' of values >= 0")
         return self
 
 
@@ -133,6 +142,11 @@ class ControlScenario(_Closed):
         if s.kind == "oscillate":
             phase = 2 * math.pi * (at_s - s.at_s) / s.period_s
             return s.level * (1 + s.amplitude_ratio * math.sin(phase))
+        if s.kind == "trace":
+            where = (at_s - s.at_s) / s.step_s
+            k = min(int(where), len(s.shape) - 1)
+            after = s.shape[min(k + 1, len(s.shape) - 1)]
+            return s.level * (s.shape[k] + (after - s.shape[k]) * min(1.0, where - k))
         return s.level
 
     def limits_at(self, at_s: float) -> list[float]:
@@ -147,9 +161,15 @@ class ControlScenario(_Closed):
         return [e for e in self.events if e.kind == kind and e.active(at_s)]
 
 
-def load_control_scenario(path: Path) -> ControlScenario:
+def load_yaml_model(path: Path, model: type[M]) -> M:
+    """``path``'s YAML as ``model``; any fault (unreadable, not YAML, not valid) is a
+    :class:`ControlScenarioError` naming the file."""
     try:
         raw: Any = yaml.safe_load(path.read_text())
-        return ControlScenario.model_validate(raw or {})
+        return model.model_validate(raw or {})
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise ControlScenarioError(f"{path}: {exc}") from None
+
+
+def load_control_scenario(path: Path) -> ControlScenario:
+    return load_yaml_model(path, ControlScenario)

@@ -199,15 +199,22 @@ class PoolPlant:
         x_eff = min(0.999, load * self.slowdown / clock)
         return s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio) / (1.0 - x_eff)
 
-    def oracle_optional(self, *, baseline: float, batch: float, limits_watts: list[float]) -> float:
-        """The most optional load this second could carry with baseline in its SLO and every
-        rack under its limit, knowing the second's baseline (the best clock for it)."""
+    def oracle_load(self, limits_watts: list[float]) -> float:
+        """The most load this second could carry with TPOT in its SLO and every rack under
+        its limit, at the best clock for it, knowing the slowdown: a baseline over it
+        breaches whatever a controller does (batch work could wait)."""
         s = self.shape
         dyn = s.max_watts - s.idle_watts
-        per_rack = s.devices / s.racks
         t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / s.tpot_slo_s
+        # every device carries the same share, so the rack with the least power per device
+        # (its limit less its hosts, over the devices in it) binds
+        per_rack = [0] * s.racks
+        for i in range(s.devices):
+            per_rack[self.rack_of(i)] += 1
         power_room = min(
-            ((lim - s.host_watts_per_rack) / per_rack - s.idle_watts) / dyn for lim in limits_watts
+            ((lim - s.host_watts_per_rack) / n - s.idle_watts) / dyn
+            for lim, n in zip(limits_watts, per_rack, strict=True)
+            if n
         )
         best = 0.0
         for step in range(20, 101):
@@ -217,8 +224,13 @@ class PoolPlant:
                 slots(self.max_batch) * c / self.slowdown,
                 power_room / c if power_room > 0 else 0.0,
             )
+            # a clock the levers can hold: full, low-clock mode's ceiling, or one a cap
+            # within the driver's range forces (a device under its floor runs faster)
+            forced = (s.min_watts - s.idle_watts) / (dyn * x) if x > 0 else math.inf
+            if c < min(s.low_clock_ratio, forced):
+                continue
             best = max(best, x)
-        return max(0.0, best - baseline - batch)
+        return best
 
     def noisy(self, level: float, noise_ratio: float) -> float:
         return max(0.0, level * (1.0 + self.rng.gauss(0.0, noise_ratio)))

@@ -45,6 +45,7 @@ from schemas.envelopes import (
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 
 NOTEWORTHY = {
+    CapacityReason.POWER_LIMIT,
     CapacityReason.SLO_BREACH,
     CapacityReason.STALE_INPUT,
     CapacityReason.INVALID_INPUT,
@@ -60,6 +61,7 @@ class ReplicaLoad:
 
     reports: int = 0
     work: float = 0.0  # sequences held, running or waiting, summed over the reports
+    queue: float = 0.0  # of those, the ones waiting
     # running sequences times the share of requests served that was not optional. Not the
     # queue: the share served says nothing of what waits (a router that serves baseline
     # first leaves mostly optional work waiting), and counting optional work that queues
@@ -78,6 +80,7 @@ class ReplicaLoad:
         work = metrics.batch_size + metrics.queue_depth
         self.reports += 1
         self.work += work
+        self.queue += metrics.queue_depth
         self.baseline_work += metrics.batch_size * baseline
         self.batch_peak = max(self.batch_peak, metrics.batch_size)
         if metrics.tpot_p95_s is not None and metrics.tpot_p95_s > 0:
@@ -163,8 +166,10 @@ class ControlPlanner(ThrottleIssuer):
     def serving(self, metrics: AnyServingSample) -> list[ThrottleOutput]:
         pool = self.pools.get(metrics.pool)
         if pool is None:
+            # the guard predicts TPOT at a higher cap with the planner's own model of it
+            guard = replace(self.wiring.tpot_guard, doubling_batch=self.wiring.tpot_doubling_batch)
             pool = self.pools[metrics.pool] = _Pool(
-                CapacityController(self.wiring.capacity), TpotGuard(self.wiring.tpot_guard)
+                CapacityController(self.wiring.capacity), TpotGuard(guard)
             )
         period, out = self._period(metrics.observed_at), []
         if period > pool.period >= 0:
@@ -205,6 +210,15 @@ class ControlPlanner(ThrottleIssuer):
             baseline_ratio=base if replicas else None,
         )
         pool.room_replicas = max(0.0, wiring.capacity.load_setpoint_ratio - base) * len(replicas)
+        short = self.power.short_pools().get(name)
+        if short is not None:
+            # optional work never trips a breaker: the rack's caps are at their floors
+            pool.capacity.limit(0.0)
+            d = replace(
+                d, applied=0.0, reason=CapacityReason.POWER_LIMIT,
+                message=f"{d.message}; rack {short} is over its limit with every cap at its "
+                "floor: no optional work",
+            )  # fmt: skip
         granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
         if pool.capacity.limit(granted):
             d = replace(
@@ -228,8 +242,12 @@ class ControlPlanner(ThrottleIssuer):
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
         in_use = max((r.batch_peak for r in replicas), default=None)
-        b = pool.guard.step(tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use)
-        if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW):
+        # work waiting on average over the period, on a replica whose cap binds
+        waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
+        b = pool.guard.step(
+            tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting
+        )
+        if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW, BatchReason.WORK_WAITING):
             out.append(self._output(
                 end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
                 Target(pool=name), changed=True,

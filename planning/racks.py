@@ -43,6 +43,7 @@ class _Rack:
     latest: dict[PduPhase, PduReading] = field(default_factory=dict)  # each phase's last
     closed_early: int = -1  # the period a reading over the target closed before its end
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
+    short_watts: float = 0.0  # over its limit at the last plan with every lever spent
 
 
 @dataclass(slots=True)
@@ -89,6 +90,18 @@ class RackPlanner(ThrottleIssuer):
         self.devices: dict[str, _Device] = {}
         # rack -> its devices, in the order first seen (a rack's close reads its own)
         self.rack_devices: dict[str, list[str]] = {}
+
+    def short_pools(self) -> dict[str, str]:
+        """Pools with a device on a rack that its last plan left over its limit with every
+        lever spent, each with the first such rack: their optional work must stop."""
+        out: dict[str, str] = {}
+        for rack_id, rack in sorted(self.racks.items()):
+            if rack.short_watts > 0:
+                for u in self.rack_devices.get(rack_id, ()):
+                    pool = self.devices[u].pool
+                    if pool is not None:
+                        out.setdefault(pool, rack_id)
+        return out
 
     def serving(self, metrics: AnyServingSample) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""
@@ -156,10 +169,12 @@ class RackPlanner(ThrottleIssuer):
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
                             *d.cap_range(wiring.min_cap_ratio), d.low_clock,
-                            batch_watts=d.batch_share * d.draw_watts)
+                            batch_watts=d.batch_share * d.draw_watts,
+                            floor_watts=d.min_watts if d.max_watts is not None else None)
                 for u, d in members.items()
             ],
         )  # fmt: skip
+        rack.short_watts = plan.short_watts
         if plan.reason in (PowerReason.HOLD, PowerReason.INVALID_INPUT) and not plan.actions:
             return []
         out = []

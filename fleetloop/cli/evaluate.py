@@ -116,14 +116,26 @@ def _cmd_eval_forecast(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_control(args: argparse.Namespace) -> int:
+    from agents.sim.family import parse_seeds
+    from agents.sim.scenario import ScenarioError
+    from evaluations import control_family
     from evaluations.control import format_control, run_eval_control
     from evaluations.control_scenario import ControlScenarioError, load_control_scenario
 
+    if (args.family is None) == (args.scenario is None):
+        raise SystemExit("eval control: give --scenario FILE or --family NAME --seeds A-B")
     try:
-        scenario = load_control_scenario(Path(args.scenario))
-    except ControlScenarioError as exc:
+        if args.family is not None:
+            path = Path(args.family)
+            if path.suffix not in (".yaml", ".yml") and not path.exists():
+                path = REPO_ROOT / "scenarios" / "control" / "families" / f"{args.family}.yaml"
+            family = control_family.run_family(path, parse_seeds(args.seeds or "1-5"))
+            text = control_family.format_family(family)
+            print(json.dumps(family, sort_keys=True) if args.json else text)
+            return 0
+        result = run_eval_control(load_control_scenario(Path(args.scenario)))
+    except (ControlScenarioError, ScenarioError) as exc:
         raise SystemExit(f"fleetloop: {exc}") from None
-    result = run_eval_control(scenario)
     print(json.dumps(result, sort_keys=True) if args.json else format_control(result))
     return 0
 
@@ -184,6 +196,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     control = evals.add_parser(
         "control", help="a pool through a control scenario: our controllers, static, HPA-style"
     )
-    control.add_argument("--scenario", required=True, help="control scenario file (YAML)")
+    control.add_argument("--scenario", help="control scenario file (YAML)")
+    control.add_argument(
+        "--family", help="a control family (scenarios/control/families/NAME.yaml, or a file)"
+    )
+    control.add_argument(
+        "--seeds", help="the family's seeds to draw, e.g. 1-5 or 101-120 (default 1-5)"
+    )
     control.add_argument("--json", action="store_true", help="one JSON object on stdout")
     control.set_defaults(func=_cmd_eval_control)

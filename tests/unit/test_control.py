@@ -221,6 +221,53 @@ def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
                is BatchReason.HOLD for k in range(100))  # fmt: skip
 
 
+def test_tpot_guard_raises_a_cap_that_work_waits_behind_while_tpot_has_room() -> None:
+    # a cap cut to 128 during a slowdown that has passed: TPOT sits in the band (0.8 of the
+    # SLO) and work waits behind the cap. Each period it rises by a step while the TPOT
+    # predicted at the higher cap (growing as 1 + batch / 128) stays under 0.95 ...
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    g.target = 128
+    raised = [
+        g.step(tpot_p95_s=0.048, slo_s=0.06, batch_in_use=g.target, waiting=True) for _ in range(3)
+    ]
+    assert [d.reason for d in raised] == [BatchReason.WORK_WAITING] * 3
+    assert g.target == 176
+    # ... and not where it would pass it, nor with nothing waiting (the band holds)
+    near = TpotGuard(TpotGuardConfig(max_batch=256))
+    near.target = 128
+    d = near.step(tpot_p95_s=0.055, slo_s=0.06, batch_in_use=128, waiting=True)
+    assert (d.reason, near.target) == (BatchReason.HOLD, 128)
+    idle = TpotGuard(TpotGuardConfig(max_batch=256))
+    idle.target = 128
+    assert idle.step(tpot_p95_s=0.048, slo_s=0.06, batch_in_use=128).target == 128
+
+
+def test_power_goes_to_the_drivers_floor_before_a_trip_and_says_what_is_left() -> None:
+    # a rack drawing 5,000 W (8 devices at 400 W, and its hosts) whose limit falls to
+    # 3,000 W: policy's floor (300 W) and low clocks leave it over the limit, so the caps go
+    # on to the drivers' floor (200 W); what even that leaves is the plan's short
+    def rack(floor: float | None) -> list[DevicePower]:
+        return [DevicePower(f"d{i}", i % 2, 400.0, 700.0, 300.0, 700.0, floor_watts=floor)
+                for i in range(8)]  # fmt: skip
+
+    deep = PowerController(PowerConfig()).step(
+        now=at(0.0), draw_watts=5000, limit_watts=3000, devices=rack(200.0)
+    )
+    caps = [a.watts for a in deep.actions if a.lever is PowerLever.CAP]
+    assert caps and min(c for c in caps if c is not None) < 300.0
+    policy_only = PowerController(PowerConfig()).step(
+        now=at(0.0), draw_watts=5000, limit_watts=3000, devices=rack(None)
+    )
+    assert all(a.watts is None or a.watts >= 300.0 for a in policy_only.actions)
+    assert policy_only.short_watts > deep.short_watts > 0
+    # a rack the policy floor brings under its limit never goes deeper
+    fits = PowerController(PowerConfig()).step(
+        now=at(0.0), draw_watts=3400, limit_watts=3500, devices=rack(200.0)
+    )
+    assert fits.short_watts == 0
+    assert all(a.watts is None or a.watts >= 300.0 for a in fits.actions)
+
+
 def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
     shed = LoadShedder(ShedConfig())
     assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.3) is Admission.DEGRADE
@@ -326,10 +373,22 @@ def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
         for k, w in enumerate(draws)
     ]
     assert all(not p.actions for p in plans)
-    # a projection past the limit itself sheds at once
+    # one step up that stops, even one whose guard projects past the limit, is watched: the
+    # draw under the target sheds nothing (a surge as a slowdown ends and its queue drains
+    # had capped a rack to its floor for minutes); a second rise is a trend, shed for what
+    # it shows (the draw and its latest rise), not for the first step again
     sharp = PowerController(PowerConfig())
     sharp.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(400))
-    assert sharp.step(now=at(1.0), draw_watts=4550, limit_watts=5000, devices=_rack(400)).actions
+    assert not sharp.step(
+        now=at(1.0), draw_watts=4550, limit_watts=5000, devices=_rack(400)
+    ).actions
+    trend = sharp.step(now=at(2.0), draw_watts=4580, limit_watts=5000, devices=_rack(400))
+    assert trend.actions and trend.projected_watts == pytest.approx(4610)
+    # a draw over the target sheds at once, for its guard too
+    over = PowerController(PowerConfig())
+    over.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(400))
+    now_over = over.step(now=at(1.0), draw_watts=4650, limit_watts=5000, devices=_rack(400))
+    assert now_over.actions and now_over.projected_watts == pytest.approx(5300)
 
 
 def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:

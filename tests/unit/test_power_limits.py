@@ -4,7 +4,8 @@ The limits come from telemetry (DCGM fields 161 and 162, NVML's limit constraint
 simulator's hardware catalogue); policy's deepest cap (``min_cap_ratio`` of the default)
 is only used where the driver allows it, and a device that reports no range is never
 capped. One rack holds a device of every accelerator type, with the range its type
-ships with, and loses most of its feed, so every device is capped to its floor.
+ships with, and loses most of its feed: more than policy's floors can shed, so every
+device is capped to its driver's floor, and the rack's pools get no optional work.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
 from schemas.base import AcceleratorType
 from schemas.commands import ResultStatus, ThrottleAction, ThrottleCommand
-from schemas.events import AcceleratorTelemetry, PduPhase, PduReading
+from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 from tests.factories import COMMAND_KEYS, START
 from tests.unit.test_control_loop import SCENARIOS
 
@@ -103,7 +104,37 @@ def test_caps_stay_inside_every_accelerator_types_range() -> None:
             if c.target.device_uuid == uuid_:
                 assert c.power_limit_watts is not None
                 assert low <= c.power_limit_watts <= high, (t.value, c.power_limit_watts)
-        assert capped[uuid_] == pytest.approx(floor), t.value  # driven to its floor
+        # past policy's floor (a rack that it brings under its limit stops there:
+        # test_control), the rack still over its limit: on to the driver's own
+        assert capped[uuid_] == pytest.approx(low), (t.value, floor)
+
+
+def test_a_pool_on_a_rack_over_its_limit_with_every_lever_spent_gets_no_optional_work() -> None:
+    # the same rack, still over its limit with every cap at its driver's floor: optional
+    # work on it is load that must come off, so its pool's budget goes to zero, once, saying why
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=2.0))
+    draw = sum(0.95 * high for _, high in RANGES_WATTS.values())
+    budgets = []
+    for step in range(40):
+        at_s = float(step)
+        for t in AcceleratorType:
+            planner.feed(_telemetry(t, at_s))
+        planner.feed(_pdu(at_s, draw, limit_watts=0.2 * draw))
+        outputs = planner.feed(_serving(at_s))
+        budgets += [o.decision for o in outputs if o.decision.controller == "capacity"]
+    assert budgets and budgets[-1].reason == "power_limit"
+    assert budgets[-1].applied == 0.0 and "rack-0" in budgets[-1].message
+    assert sum(1 for d in budgets if d.reason == "power_limit") == 1  # recorded once
+
+
+def _serving(at_s: float) -> ServingMetrics:
+    return ServingMetrics(
+        event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=at_s),
+        replica_id="r-h100", node_id="node-h100", device_uuid="dev-h100", model="llama-70b",
+        pool="us-east-h100", region="us-east", accelerator_type=AcceleratorType.H100,
+        interval_s=1.0, tpot_p95_s=0.03, queue_depth=0, batch_size=32, tokens_per_s=900.0,
+        requests=10, errors=0, optional_requests=2,
+    )  # fmt: skip
 
 
 def test_every_cap_on_the_simulated_fleet_is_applied_by_its_device() -> None:
