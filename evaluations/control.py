@@ -27,7 +27,10 @@ oracle's (what that load leaves once the second's baseline and batch are in), br
 trips (a rack over its limit for ``trip_after_s``), actions (each controller
 step that changed something), actions per 300 s in oscillating segments, and
 after each step segment: periods to the first action, to settle within 5% of
-the budget it ends at, and the overshoot past it.
+the budget it ends at, and the overshoot past it; after each slowdown: periods
+until optional work and the batch cap were cut (the TPOT guard cuts the cap
+only past 0.95 of the SLO: "never" where TPOT stayed under it), and periods
+out of the SLO after it ended, ours and the oracle's.
 """
 
 from __future__ import annotations
@@ -265,6 +268,9 @@ class Tally:
     oscillation_actions: int = 0
     oscillation_s: float = 0.0
     budgets: list[tuple[float, float]] = field(default_factory=list)  # (t, budget)
+    # per period: (end, within the SLO, attainable by the oracle, batch cap at its end)
+    record: list[tuple[float, bool, bool, int]] = field(default_factory=list)
+    last_ok: bool = True  # the last period's: within the SLO
 
 
 def run_policy(scn: ControlScenario, name: str) -> Tally:
@@ -318,6 +324,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         if (t + 1) % period == 0:
             acted += _end_period(scn, policy, plant, seconds, t + 1, tally)
             tally.periods_attainable += attainable
+            tally.record.append((float(t + 1), tally.last_ok, attainable, plant.batch_target))
             seconds, attainable = [], True
         tally.actions += acted
         if scn.segment_at(t).kind == "oscillate":
@@ -335,6 +342,7 @@ def _end_period(
     ok = all(s.baseline_tpot_s <= p.tpot_slo_s and s.baseline_wait_s <= p.wait_slo_s
              for s in seconds)  # fmt: skip
     tally.periods_in_slo += ok
+    tally.last_ok = ok
     noise = 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
     tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s * noise
     load = sum(s.load_ratio for s in seconds) / len(seconds)
@@ -396,6 +404,37 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
     return worst
 
 
+def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
+    """After each slowdown (TPOT up, load unchanged), worst over them: periods until the
+    optional budget and the batch cap were cut (None: never, though the SLO was at stake),
+    and how many periods the baseline stayed out of its SLO after the slowdown ended, ours
+    and the oracle's (whose backlog drains too)."""
+    period = max(1.0, scn.period_s)
+    out: dict[str, Any] = {}
+    for e in scn.events:
+        if e.kind != "slowdown":
+            continue
+        start, end = e.at_s, e.at_s + max(e.duration_s, 1.0)
+        before = [b for t, b in tally.budgets if t <= start]
+        during = [(t, b) for t, b in tally.budgets if start < t <= end + period]
+        cut = next((k + 1 for k, (_, b) in enumerate(during) if before and b < before[-1]), None)
+        if before and before[-1] == 0.0:
+            cut = 0  # nothing to cut
+        caps = [c for t, _, _, c in tally.record if t <= start]
+        rows = [r for r in tally.record if start < r[0] <= end + period]
+        batch = next((k + 1 for k, r in enumerate(rows) if caps and r[3] < caps[-1]), None)
+        after = [r for r in tally.record if r[0] > end]
+        ours = next((k for k, r in enumerate(after) if r[1]), len(after))
+        oracle = next((k for k, r in enumerate(after) if r[2]), len(after))
+        for key, value in (("slowdown_budget_cut_periods", cut),
+                           ("slowdown_batch_cut_periods", batch),
+                           ("breach_after_slowdown_periods", ours),
+                           ("breach_after_slowdown_periods_oracle", oracle)):  # fmt: skip
+            old = out.get(key, 0)
+            out[key] = None if value is None or old is None else max(old, value)
+    return out
+
+
 def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
     out: dict[str, Any] = {"scenario": scn.name, "period_s": scn.period_s,
                            "duration_s": scn.duration_s}  # fmt: skip
@@ -414,6 +453,8 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
         )
         for key, value in _step_response(scn, t).items():
             out[f"{key}{suffix}"] = None if value is None else round(value, 3)
+        if name == "ours":
+            out.update(_slowdown_response(scn, t))
     return out
 
 
@@ -431,6 +472,10 @@ def format_control(result: dict[str, Any]) -> str:
         ("overshoot, load step up", "overshoot_ratio_after_step", "{:.1%}"),
         ("periods to react, load step down", "reaction_periods_after_step_down", "{:g}"),
         ("periods to settle, load step down", "settling_periods_after_step_down", "{:g}"),
+        ("periods to cut optional work, slowdown", "slowdown_budget_cut_periods", "{:g}"),
+        ("periods to cut the batch cap, slowdown", "slowdown_batch_cut_periods", "{:g}"),
+        ("periods out of SLO after a slowdown", "breach_after_slowdown_periods", "{:g}"),
+        ("... the oracle's", "breach_after_slowdown_periods_oracle", "{:g}"),
     ]
     lines = [
         f"control on {result['scenario']} ({result['duration_s']:g} s, "

@@ -259,6 +259,9 @@ FIGURES = {
     "reaction_periods_after_step_down": False,
     "settling_periods_after_step": False,
     "settling_periods_after_step_down": False,
+    "slowdown_budget_cut_periods": False,
+    "breach_after_slowdown_periods": False,
+    "breach_after_slowdown_periods_oracle": False,
 }
 
 
