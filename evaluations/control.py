@@ -25,7 +25,8 @@ work: :meth:`PoolPlant.oracle_load`, with what it could not carry waiting
 within the wait SLO until it drains), optional work served against the same
 oracle's (what that load leaves once the second's baseline and batch are in), breaker
 trips (a rack over its limit for ``trip_after_s``), actions (each controller
-step that changed something), actions per 300 s in oscillating segments, and
+step that changed something), actions per 300 s in oscillating segments (not
+while an event is on, nor for a stabilisation window after it), and
 after each step segment: periods to the first action, to settle within 5% of
 the budget it ends at, and the overshoot past it; after each slowdown: periods
 until optional work and the batch cap were cut (the TPOT guard cuts the cap
@@ -327,10 +328,22 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
             tally.record.append((float(t + 1), tally.last_ok, attainable, plant.batch_target))
             seconds, attainable = [], True
         tally.actions += acted
-        if scn.segment_at(t).kind == "oscillate":
+        if scn.segment_at(t).kind == "oscillate" and not _disturbed(scn, t):
             tally.oscillation_actions += acted
             tally.oscillation_s += 1
     return tally
+
+
+SETTLE_AFTER_EVENT_S = 120.0  # the capacity controller's stabilisation window
+
+
+def _disturbed(scn: ControlScenario, at_s: float) -> bool:
+    """Whether an event (a breaker, a slowdown, bad readings) is on at ``at_s``, or ended
+    less than a stabilisation window before: what the controllers do then answers the
+    event, not the oscillation it falls in."""
+    return any(
+        e.at_s <= at_s < e.at_s + max(e.duration_s, 1.0) + SETTLE_AFTER_EVENT_S for e in scn.events
+    )
 
 
 def _end_period(

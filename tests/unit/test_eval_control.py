@@ -103,3 +103,16 @@ def test_a_bad_control_scenario_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("name: x\nduration_s: 60\nbaseline: [{at_s: 5, level: 0.3}]\nrogue: 1\n")
     with pytest.raises(SystemExit, match=r"rogue|start at 0"):
         main(["eval", "control", "--scenario", str(bad)])
+
+
+def test_an_oscillation_is_not_charged_with_what_answers_an_event_inside_it() -> None:
+    from evaluations.control import SETTLE_AFTER_EVENT_S, _disturbed
+    from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
+
+    scn = ControlScenario(
+        name="x", duration_s=1000, baseline=[Segment(at_s=0, level=0.3)],
+        events=[ControlEvent(at_s=100, kind="breaker", duration_s=200)],
+    )  # fmt: skip
+    assert not _disturbed(scn, 99)
+    assert _disturbed(scn, 100) and _disturbed(scn, 300 + SETTLE_AFTER_EVENT_S - 1)
+    assert not _disturbed(scn, 300 + SETTLE_AFTER_EVENT_S)
