@@ -188,14 +188,12 @@ def test_isolation_state_survives_five_sigkills(
         until(lambda: bool(healthy_after_bad()), what="the healthy verdicts stored", proc=sim)
         healthy_ms = min(healthy_after_bad())
         late_s = (int(restored_ms) - int(healthy_ms)) / 1000 - PROBATION_S
-        # the ladder's durable record can run ahead of the verdict topic (the likely cause;
-        # the stored rows alone cannot show it): a verdict it acted on may die in the
-        # producer's buffer with a SIGKILL, and the restarted detector's
-        # re-judgement of those seconds (older than what the ladder holds: no news to it) is
-        # news to this reading. So the restore may come up to one probation early by this
-        # reading (seen in about one CI run in four: 30.0 s early, the ladder's probation
-        # having started 30 s before the re-judged verdict), never before the stored
-        # verdicts say the device is healthy again, and never more than 60 s late
+        # one CI run in about four has seen the restore 30 s early by this reading, where
+        # the ladder would have taken a verdict as news that it did not (or the reverse). The
+        # cause is not known: the ladder reads this topic in this order, and writes its state
+        # (verdict and probation) before it commits. Until it is, a restore up to one
+        # probation early by this reading passes, never one before the stored verdicts say
+        # healthy again, nor one over 60 s late; a failure prints what was read
         assert -PROBATION_S <= late_s <= 60, (late_s, verdicts()[-8:], restored_ms)
         print(
             f"isolation decisions {len(decisions)}, isolated {sorted(isolating)}, refused "
