@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -137,7 +138,6 @@ class CapacityController:
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
         self.baselines: deque[tuple[datetime, float]] = deque()
         self.levels: deque[tuple[datetime, float]] = deque()  # the trend's, by period
-        self.recent_baselines: deque[float] = deque(maxlen=c.trend_window)
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
@@ -190,13 +190,11 @@ class CapacityController:
                 # stepped down, and the room is real now (the windows start again)
                 self.baselines.clear()
                 self.levels.clear()
-                self.recent_baselines.clear()
                 self.stabiliser.forget()
-            self.recent_baselines.append(baseline_ratio)
-            level = median(self.recent_baselines)
+            self.baselines.append((now, baseline_ratio))
+            level = median(b for _, b in itertools.islice(reversed(self.baselines), c.trend_window))
             if baseline_ratio > mean + c.step_down_sigmas * spread:
                 level = max(level, baseline_ratio)
-            self.baselines.append((now, baseline_ratio))
             self.levels.append((now, level))
             horizon = now - timedelta(seconds=max(c.stabilise_up_s, c.ramp_window_s))
             while self.baselines[0][0] < horizon:
@@ -322,7 +320,6 @@ class CapacityController:
         self.recent.clear()
         self.baselines.clear()
         self.levels.clear()
-        self.recent_baselines.clear()
         return CapacityDecision(
             self.budget, self.budget, CapacityReason.STALE_INPUT,
             f"no latency for {(now - (self.fresh_at or since)).total_seconds():g} s: "

@@ -43,7 +43,6 @@ class _Rack:
     latest: dict[PduPhase, PduReading] = field(default_factory=dict)  # each phase's last
     closed_early: int = -1  # the period a reading over the target closed before its end
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
-    short_watts: float = 0.0  # over its limit at the last plan with every lever spent
 
 
 @dataclass(slots=True)
@@ -90,17 +89,19 @@ class RackPlanner(ThrottleIssuer):
         self.devices: dict[str, _Device] = {}
         # rack -> its devices, in the order first seen (a rack's close reads its own)
         self.rack_devices: dict[str, list[str]] = {}
+        # racks their last plan left over the limit with every lever spent (watts over):
+        # kept apart so a pool's close asks only about these, not every rack
+        self.short: dict[str, float] = {}
 
     def short_pools(self) -> dict[str, str]:
         """Pools with a device on a rack that its last plan left over its limit with every
         lever spent, each with the first such rack: their optional work must stop."""
         out: dict[str, str] = {}
-        for rack_id, rack in sorted(self.racks.items()):
-            if rack.short_watts > 0:
-                for u in self.rack_devices.get(rack_id, ()):
-                    pool = self.devices[u].pool
-                    if pool is not None:
-                        out.setdefault(pool, rack_id)
+        for rack_id in sorted(self.short):
+            for u in self.rack_devices.get(rack_id, ()):
+                pool = self.devices[u].pool
+                if pool is not None:
+                    out.setdefault(pool, rack_id)
         return out
 
     def serving(self, metrics: AnyServingSample) -> None:
@@ -174,7 +175,10 @@ class RackPlanner(ThrottleIssuer):
                 for u, d in members.items()
             ],
         )  # fmt: skip
-        rack.short_watts = plan.short_watts
+        if plan.short_watts > 0:
+            self.short[rack_id] = plan.short_watts
+        else:
+            self.short.pop(rack_id, None)
         if plan.reason in (PowerReason.HOLD, PowerReason.INVALID_INPUT) and not plan.actions:
             return []
         out = []
