@@ -7,9 +7,10 @@ same scenario and the same random draws:
 - **ours**: the control role exactly as a worker runs it
   (:class:`Production`): the real :class:`~planning.pools.ControlPlanner`,
   built from worker settings by the worker's own wiring, with its batch-slot
-  model, global budget, lever split, TPOT guard and rack planner, fed the
-  pool's telemetry as events each second, its signed throttle commands applied
-  to the plant as the executors apply them; and the router's value-aware
+  model, global budget, lever split, TPOT guard, rack planner and power-aware
+  routing, fed the pool's telemetry as events each second (each device its own
+  TPOT and batch), its signed throttle and route commands applied to the plant
+  as the executors apply them; and the router's value-aware
   :class:`~controllers.shedding.LoadShedder`;
 - **static**: the scenario's fixed budget, no power control, one FIFO queue;
 - **hpa**: a threshold rule on the budget as Kubernetes' HPA scales replicas
@@ -24,7 +25,9 @@ racks' limits at the best clock, knowing the slowdown and deferring batch
 work: :meth:`PoolPlant.oracle_load`, with what it could not carry waiting
 within the wait SLO until it drains), optional work served against the same
 oracle's (what that load leaves once the second's baseline and batch are in), breaker
-trips (a rack over its limit for ``trip_after_s``), actions (each controller
+trips (a rack over its limit for ``trip_after_s``), the share of the seconds a
+cap or low-clock mode held a device down that its own TPOT was over the SLO
+(what power-aware routing is for: the pool's p95 hides a few slow devices), actions (each controller
 step that changed something), actions per 300 s in oscillating segments (not
 while an event is on, nor for a stabilisation window after it), and
 after each step segment: periods to the first action, to settle within 5% of
@@ -39,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -50,7 +54,7 @@ from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner
 from schemas.base import AcceleratorType
-from schemas.commands import ClockMode, ThrottleAction, ThrottleCommand
+from schemas.commands import ClockMode, RouteAction, RouteCommand, ThrottleAction, ThrottleCommand
 from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 
 POLICIES = ("ours", "static", "hpa")
@@ -106,6 +110,7 @@ class Production:
         self.moved_racks: set[str] = set()
         self.noise = 1.0
         self.ids = itertools.count()
+        self.decisions: Counter[str] = Counter()  # "controller/reason" -> decisions
 
     @property
     def moved(self) -> float:
@@ -130,6 +135,7 @@ class Production:
             outputs += self.planner.feed(event)
         acted = {(o.decision.controller, o.decision.target) for o in outputs if o.command}
         for o in outputs:
+            self.decisions[f"{o.decision.controller}/{o.decision.reason}"] += 1
             if o.command is not None:
                 self._apply(o.command, plant)
         return len(acted)
@@ -157,14 +163,19 @@ class Production:
         if scn.events_at(second, "stale") or scn.events_at(second, "nan"):
             return events
         spike = scn.events_at(second, "spike")
-        tpot = sec.baseline_tpot_s * self.noise * (spike[0].factor if spike else 1.0)
-        batch = plant.batch_in_use
+        factor = self.noise * (spike[0].factor if spike else 1.0)
         served = max(sec.x_served, 1e-9)
-        queue = round(batch * sum(plant.queues.values()) / served)
-        requests = 100  # per device and second: only the shares below matter to the planner
-        optional = round(requests * min(1.0, sec.optional_served / served))
-        batch_work = round(requests * min(1.0, sec.batch_served / served))
+        waiting = sum(plant.queues.values()) / served  # the queue, per sequence running
+        shares = plant.shares()
         for i in range(s.devices):
+            # a device's requests follow its share of the load; only the shares of optional
+            # and batch work among them matter to the planner, and the replicas' weights
+            requests = max(1, round(100 * shares[i]))
+            optional = round(requests * min(1.0, sec.optional_served / served))
+            batch_work = round(requests * min(1.0, sec.batch_served / served))
+            batch = round(plant.device_batch[i])
+            tpot = plant.device_tpot_s[i] * factor
+            queue = round(batch * waiting)
             events.append(ServingMetrics(
                 event_id=self._id(), observed_at=at, replica_id=f"replica-{i}",
                 node_id=f"node-{i}", device_uuid=f"gpu-{i}", model="eval-model",
@@ -175,8 +186,13 @@ class Production:
             ))  # fmt: skip
         return events
 
-    def _apply(self, command: ThrottleCommand, plant: PoolPlant) -> None:
-        """What the executors do with a throttle command, on the plant."""
+    def _apply(self, command: ThrottleCommand | RouteCommand, plant: PoolPlant) -> None:
+        """What the executors do with a command, on the plant."""
+        if isinstance(command, RouteCommand):
+            # a replica's weight in the router of the plant's one pool
+            if command.action is RouteAction.DEWEIGHT and command.weight_ratio is not None:
+                plant.weights[_device(command)] = command.weight_ratio
+            return
         if command.action is ThrottleAction.OPTIONAL_BUDGET:
             self.budget = command.optional_budget_ratio or 0.0
         elif command.action is ThrottleAction.BATCH_SIZE and command.batch_size_max is not None:
@@ -194,7 +210,7 @@ class Production:
                 self.moved_racks.discard(command.target.rack_id)
 
 
-def _device(command: ThrottleCommand) -> int:
+def _device(command: ThrottleCommand | RouteCommand) -> int:
     return int((command.target.device_uuid or "gpu-0").removeprefix("gpu-"))
 
 
@@ -272,6 +288,10 @@ class Tally:
     # per period: (end, within the SLO, attainable by the oracle, batch cap at its end)
     record: list[tuple[float, bool, bool, int]] = field(default_factory=list)
     last_ok: bool = True  # the last period's: within the SLO
+    weighted_at_end: int = 0  # replicas the router still weights under 1 at the end
+    held_device_s: int = 0  # device-seconds a cap or low-clock mode held a device down
+    held_over_slo_s: int = 0  # of those, the ones its TPOT was over the SLO
+    decisions: dict[str, int] = field(default_factory=dict)  # ours: "controller/reason" -> n
 
 
 def run_policy(scn: ControlScenario, name: str) -> Tally:
@@ -309,6 +329,10 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         backlog = max(0.0, backlog + baseline - best)
         attainable = attainable and backlog <= p.wait_slo_s * best
         tally.harvested += sec.optional_served
+        for i, tpot in enumerate(plant.device_tpot_s):
+            if plant.low_clock[i] or plant.caps[i] < p.max_watts - 0.5:  # held down
+                tally.held_device_s += 1
+                tally.held_over_slo_s += tpot > p.tpot_slo_s
         for r, watts in enumerate(sec.rack_watts):
             if watts > limits[r]:
                 tally.over_limit_s += 1
@@ -331,6 +355,9 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         if scn.segment_at(t).kind == "oscillate" and not _disturbed(scn, t):
             tally.oscillation_actions += acted
             tally.oscillation_s += 1
+    tally.weighted_at_end = sum(1 for w in plant.weights if w < 1.0)
+    if isinstance(policy, Production):
+        tally.decisions = dict(sorted(policy.decisions.items()))
     return tally
 
 
@@ -459,6 +486,11 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
             out["slo_attainment_oracle"] = round(t.periods_attainable / max(1, t.periods), 5)
         out[f"harvest_vs_oracle{suffix}"] = round(t.harvested / t.oracle, 4) if t.oracle else 0.0
         out[f"breaker_violations{suffix}"] = t.trips
+        # what a capped device's own requests see (the pool's p95 hides a few of them)
+        out[f"held_device_seconds{suffix}"] = t.held_device_s
+        out[f"held_device_over_slo_ratio{suffix}"] = (
+            round(t.held_over_slo_s / t.held_device_s, 4) if t.held_device_s else 0.0
+        )
         out[f"over_limit_rack_seconds{suffix}"] = t.over_limit_s
         out[f"actions{suffix}"] = t.actions
         out[f"actions_per_300s_oscillation{suffix}"] = (
@@ -468,6 +500,9 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
             out[f"{key}{suffix}"] = None if value is None else round(value, 3)
         if name == "ours":
             out.update(_slowdown_response(scn, t))
+            # power-aware routing: what it decided, and whether every weight came back
+            out["decisions"] = t.decisions
+            out["replicas_weighted_at_end"] = t.weighted_at_end
     return out
 
 
@@ -478,6 +513,8 @@ def format_control(result: dict[str, Any]) -> str:
         ("optional work vs oracle", "harvest_vs_oracle", "{:.1%}"),
         ("breaker trips", "breaker_violations", "{}"),
         ("rack-seconds over the limit", "over_limit_rack_seconds", "{}"),
+        ("capped device-seconds", "held_device_seconds", "{}"),
+        ("... with TPOT over the SLO", "held_device_over_slo_ratio", "{:.1%}"),
         ("control actions", "actions", "{}"),
         ("actions per 300 s, +-5% oscillation", "actions_per_300s_oscillation", "{}"),
         ("periods to react, load step up", "reaction_periods_after_step", "{:g}"),
@@ -506,4 +543,10 @@ def format_control(result: dict[str, Any]) -> str:
             for s in ("", "_static", "_hpa")
         ]
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
+    routed = {k: v for k, v in result.get("decisions", {}).items() if k.startswith("power_routing")}
+    if routed:
+        said = ", ".join(f"{k.split('/', 1)[1]} {v}" for k, v in routed.items())
+        left = result.get("replicas_weighted_at_end", 0)
+        lines += ["", f"power-aware routing (ours): {said}; replicas still weighted down at the "
+                      f"end: {left}"]  # fmt: skip
     return "\n".join(lines)

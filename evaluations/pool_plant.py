@@ -1,18 +1,26 @@
 """A serving pool as a fluid model, one-second steps, for evaluating the control loop.
 
 Load is in units of the pool's saturation at full clocks (``x = lambda * g *
-t0 / 128`` summed over the pool: 1 means the batch grows without bound). With
-clock ratio ``c`` and slowdown ``k`` a load ``x`` keeps the devices busy
-``x_eff = x * k / c``; the batch is ``128 x_eff / (1 - x_eff)`` and
+t0 / 128`` summed over the pool: 1 means the batch grows without bound). A
+device carrying load ``x_i`` at clock ratio ``c_i`` with slowdown ``k`` is busy
+``e_i = x_i * k / c_i``; its batch is ``128 e_i / (1 - e_i)`` and
 
-    tpot_p95 = t0 * k / c * (1 + spread) / (1 - x_eff)
+    tpot_p95 = t0 * k / c_i * (1 + spread) / (1 - e_i)
 
 (Little's law with ``tpot = t0 (1 + batch / 128)``, as in :mod:`agents.sim.fleet`).
-The router admits work while the batch is under the batch-size target (the
-TPOT guard's lever) and, with ``priority``, while the token time it measures
-on the running batch (milliseconds of evidence) stays under ``admit_ratio``
-of the SLO; the rest waits in a queue. A device draws ``idle + dyn * x_eff * c`` watts, held
-under its cap by lowering its clock (the firmware's job).
+The pool's TPOT is the device TPOT that 95% of its load is served within.
+
+The router is least-loaded within its weights: each device's share of the
+pool's load is its routing weight (1 unless a route command set it) times the
+clock it runs at (equal outstanding work per device converges to that), the
+clock smoothed as a router's load counts are. So a device whose cap lowers its
+clock takes less work, yet its tokens still take ``1 / c`` as long: only a
+lower weight keeps its TPOT with its peers'. The router admits work
+while every device's batch is under the batch-size target (the TPOT guard's
+lever) and, with ``priority``, while the token time each measures on its
+running batch stays under ``admit_ratio`` of the SLO; the rest waits in a
+queue. A device draws ``idle + dyn * x_i * c_i`` watts, held under its cap by
+lowering its clock (the firmware's job).
 
 Three classes of work arrive each second: baseline (the scenario's profile
 with noise), batch (deferrable) and optional (the capacity budget, a share of
@@ -32,6 +40,7 @@ from controllers.shedding import Admission, LoadShedder, ShedConfig, WorkClass
 
 SLOT_SHARE = 128.0
 OPTIONAL_TIMEOUT_S = 30.0  # optional work that waited this long is abandoned
+ROUTER_SMOOTHING = 0.3  # per second: how fast the router's view of a device's speed moves
 
 
 def slots(batch: int) -> float:
@@ -79,12 +88,16 @@ class PoolPlant:
     max_batch: int = 256
     caps: list[float] = field(default_factory=list)  # per device
     low_clock: list[bool] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)  # per device: the router's weight
     batch_target: int = 256
     slowdown: float = 1.0
     queues: dict[WorkClass, float] = field(default_factory=dict)
     optional_age_s: float = 0.0
     clocks: list[float] = field(default_factory=list)
     device_watts: list[float] = field(default_factory=list)
+    device_tpot_s: list[float] = field(default_factory=list)  # last second's, per device
+    device_batch: list[float] = field(default_factory=list)
+    routed_clocks: list[float] = field(default_factory=list)  # what the router balances by
     x_last: float = 0.0
     rng: random.Random = field(init=False)
     shedder: LoadShedder = field(init=False)
@@ -93,8 +106,12 @@ class PoolPlant:
         n = self.shape.devices
         self.caps = self.caps or [self.shape.max_watts] * n
         self.low_clock = self.low_clock or [False] * n
+        self.weights = self.weights or [1.0] * n
         self.clocks = [1.0] * n
+        self.routed_clocks = [1.0] * n
         self.device_watts = [self.shape.idle_watts] * n
+        self.device_tpot_s = [self.shape.tpot_base_s] * n
+        self.device_batch = [0.0] * n
         self.queues = {c: 0.0 for c in WorkClass}
         self.batch_target = self.max_batch
         self.rng = random.Random(self.seed)
@@ -103,25 +120,39 @@ class PoolPlant:
     def rack_of(self, device: int) -> int:
         return device * self.shape.racks // self.shape.devices
 
+    def shares(self) -> list[float]:
+        """Each device's share of the pool's load (they sum to the device count): its
+        weight times the clock the router saw it run at."""
+        raw = [w * c for w, c in zip(self.weights, self.routed_clocks, strict=True)]
+        total = sum(raw)
+        if total <= 0:
+            return [1.0] * len(raw)
+        return [len(raw) * r / total for r in raw]
+
     @property
     def batch_in_use(self) -> int:
-        """Sequences per device in the last second's batch (Little's law)."""
-        clock = sum(self.clocks) / len(self.clocks)
-        x_eff = min(0.999, self.x_last * self.slowdown / clock)
-        return round(SLOT_SHARE * x_eff / (1.0 - x_eff))
+        """The largest batch a device ran in the last second (Little's law)."""
+        return round(max(self.device_batch))
 
-    def admission_cap(self, clock: float) -> float:
-        """Load (nominal units) the router admits at mean clock ``clock``."""
-        busy = slots(self.batch_target)
-        if self.priority:
-            s = self.shape
-            t0 = s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio)
-            busy = min(busy, max(0.0, 1.0 - t0 / (s.admit_ratio * s.tpot_slo_s)))
-        return busy * clock / self.slowdown
+    def admission_cap(self) -> float:
+        """Load (nominal units) the router admits: where the first device reaches the batch
+        target or, with ``priority``, its token time ``admit_ratio`` of the SLO."""
+        s = self.shape
+        cap = math.inf
+        for i, share in enumerate(self.shares()):
+            if share <= 0:
+                continue
+            clock = self.routed_clocks[i]  # the token time it has measured lately
+            busy = slots(self.batch_target)
+            if self.priority:
+                t0 = s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio)
+                busy = min(busy, max(0.0, 1.0 - t0 / (s.admit_ratio * s.tpot_slo_s)))
+            cap = min(cap, busy * clock / self.slowdown / share)
+        return 0.0 if math.isinf(cap) else cap
 
     def step(self, *, baseline: float, batch: float, optional_share: float) -> Second:
         s = self.shape
-        cap = self.admission_cap(self._clock_for(self.x_last))
+        cap = self.admission_cap()
         optional = optional_share * cap
         q = self.queues
         arrivals = {WorkClass.BASELINE: baseline, WorkClass.BATCH: batch,
@@ -169,7 +200,8 @@ class PoolPlant:
 
     def settle(self, load: float) -> None:
         """Start as a pool that has been carrying load ``load`` (not one switched on cold)."""
-        self._power_and_tpot(load)
+        for _ in range(30):  # long enough for the router's view of the clocks to settle
+            self._power_and_tpot(load)
 
     def _device_clock(self, index: int, load: float) -> float:
         """The clock device ``index``'s cap and mode allow at ``load`` (the firmware's
@@ -181,41 +213,48 @@ class PoolPlant:
             return ceiling
         return min(ceiling, max(0.2, (self.caps[index] - s.idle_watts) / (dyn * load)))
 
-    def _clock_for(self, load: float) -> float:
-        """The mean clock at load ``load``: what the router reads from its devices' limits."""
-        return (
-            sum(self._device_clock(i, load) for i in range(self.shape.devices)) / self.shape.devices
-        )
-
     def _power_and_tpot(self, load: float) -> float:
-        """Each device carries an equal share; its clock is what its cap and mode allow."""
+        """Each device carries its share; its clock is what its cap and mode allow. The
+        pool's TPOT: the device TPOT that 95% of the load is served within."""
         s = self.shape
         dyn = s.max_watts - s.idle_watts
         self.x_last = load
-        for i in range(s.devices):
-            self.clocks[i] = self._device_clock(i, load)
-            self.device_watts[i] = s.idle_watts + dyn * max(0.0, load) * self.clocks[i]
-        clock = sum(self.clocks) / len(self.clocks)
-        x_eff = min(0.999, load * self.slowdown / clock)
-        return s.tpot_base_s * self.slowdown / clock * (1 + s.spread_ratio) / (1.0 - x_eff)
+        shares = self.shares()
+        for i, share in enumerate(shares):
+            x_i = max(0.0, load) * share
+            c = self.clocks[i] = self._device_clock(i, x_i)
+            self.device_watts[i] = s.idle_watts + dyn * x_i * c
+            busy = min(0.999, x_i * self.slowdown / c)
+            self.device_tpot_s[i] = (
+                s.tpot_base_s * self.slowdown / c * (1 + s.spread_ratio) / (1.0 - busy)
+            )
+            self.device_batch[i] = SLOT_SHARE * busy / (1.0 - busy)
+            # a least-loaded router's view of a device's speed moves with its counts, not
+            # at once (and a device's clock under a cap moves with the load it is given)
+            self.routed_clocks[i] += ROUTER_SMOOTHING * (c - self.routed_clocks[i])
+        return _quantile_by(self.device_tpot_s, shares, 0.95)
 
     def oracle_load(self, limits_watts: list[float]) -> float:
         """The most load this second could carry with TPOT in its SLO and every rack under
-        its limit, at the best clock for it, knowing the slowdown: a baseline over it
-        breaches whatever a controller does (batch work could wait)."""
+        its limit, at the best clock and share for each rack, knowing the slowdown: a
+        baseline over it breaches whatever a controller does (batch work could wait)."""
         s = self.shape
-        dyn = s.max_watts - s.idle_watts
-        t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / s.tpot_slo_s
-        # every device carries the same share, so the rack with the least power per device
-        # (its limit less its hosts, over the devices in it) binds
         per_rack = [0] * s.racks
         for i in range(s.devices):
             per_rack[self.rack_of(i)] += 1
-        power_room = min(
-            ((lim - s.host_watts_per_rack) / n - s.idle_watts) / dyn
+        total = sum(
+            n * self._rack_oracle((lim - s.host_watts_per_rack) / n)
             for lim, n in zip(limits_watts, per_rack, strict=True)
             if n
         )
+        return total / s.devices
+
+    def _rack_oracle(self, device_watts: float) -> float:
+        """The most load one device can carry within the SLO on ``device_watts``."""
+        s = self.shape
+        dyn = s.max_watts - s.idle_watts
+        t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / s.tpot_slo_s
+        power_room = (device_watts - s.idle_watts) / dyn
         best = 0.0
         for step in range(20, 101):
             c = step / 100.0
@@ -234,3 +273,14 @@ class PoolPlant:
 
     def noisy(self, level: float, noise_ratio: float) -> float:
         return max(0.0, level * (1.0 + self.rng.gauss(0.0, noise_ratio)))
+
+
+def _quantile_by(values: list[float], weights: list[float], share: float) -> float:
+    """The smallest value that ``share`` of the weight is at or under."""
+    total = sum(weights)
+    seen = 0.0
+    for value, weight in sorted(zip(values, weights, strict=True)):
+        seen += weight
+        if seen >= share * total:
+            return value
+    return max(values)

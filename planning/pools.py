@@ -28,14 +28,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
+from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
 from controllers.tpot_guard import BatchReason, TpotGuard
 from planning.racks import RackPlanner
-from planning.registry import CAPACITY, TPOT_GUARD
-from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
-from schemas.commands import Target, ThrottleAction
+from planning.registry import CAPACITY, POWER_ROUTING, TPOT_GUARD
+from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
+from schemas.commands import RouteAction, Target, ThrottleAction
 from schemas.envelopes import (
     AcceleratorSample,
     AnyAcceleratorSample,
@@ -59,6 +61,8 @@ class ReplicaLoad:
     once a report: a queue comes and goes within seconds, so one report (the last, say) is
     a noisy reading of what the period held; their mean over the period is not."""
 
+    device_uuid: str | None = None  # the device it runs on (its rack, for routing)
+    model: str = ""
     reports: int = 0
     work: float = 0.0  # sequences held, running or waiting, summed over the reports
     queue: float = 0.0  # of those, the ones waiting
@@ -140,13 +144,14 @@ class ControlPlanner(ThrottleIssuer):
         self.pools: dict[str, _Pool] = {}
         self.global_budget = GlobalBudget(wiring.global_budget_devices)
         self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
+        self.routing = PowerRouter(wiring.power_routing)
 
     def _rooms(self) -> dict[str, float]:
         return {name: pool.room_replicas for name, pool in self.pools.items()}
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def feed(self, value: Any) -> list[ThrottleOutput]:
+    def feed(self, value: Any) -> list[ControlOutput]:
         """One event of whichever kind: serving, PDU or accelerator telemetry (the rest is
         not the planner's and changes nothing)."""
         if isinstance(value, ServingMetrics | ServingSample):
@@ -160,10 +165,11 @@ class ControlPlanner(ThrottleIssuer):
     def accelerator(self, telemetry: AnyAcceleratorSample) -> None:
         self.power.accelerator(telemetry)
 
-    def pdu(self, reading: PduReading) -> list[ThrottleOutput]:
-        return self.power.pdu(reading)
+    def pdu(self, reading: PduReading) -> list[ControlOutput]:
+        out = self.power.pdu(reading)
+        return out + self._route_caps(out)
 
-    def serving(self, metrics: AnyServingSample) -> list[ThrottleOutput]:
+    def serving(self, metrics: AnyServingSample) -> list[ControlOutput]:
         pool = self.pools.get(metrics.pool)
         if pool is None:
             # the guard predicts TPOT at a higher cap with the planner's own model of it
@@ -180,13 +186,15 @@ class ControlPlanner(ThrottleIssuer):
                 sample = TpotSample(metrics.tpot_p95_s, max(metrics.requests, 1))
                 pool.tpot.setdefault(metrics.model, []).append(sample)
             self.power.serving(metrics)
-            load = pool.replicas.setdefault(metrics.replica_id, ReplicaLoad())
+            load = pool.replicas.setdefault(
+                metrics.replica_id, ReplicaLoad(metrics.device_uuid, metrics.model)
+            )
             load.add(metrics, self.wiring.tpot_doubling_batch)
         return out
 
     # -- period ends ----------------------------------------------------------------------
 
-    def _close_pool(self, name: str, pool: _Pool) -> list[ThrottleOutput]:
+    def _close_pool(self, name: str, pool: _Pool) -> list[ControlOutput]:
         wiring, end = self.wiring, self._end(pool.period)
         # each model is held to the SLO on its own: the pool answers for its slowest
         per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
@@ -254,7 +262,56 @@ class ControlPlanner(ThrottleIssuer):
                 extra={"desired": float(b.target), "applied": float(b.target)},
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
+        return out + self._route_replicas(name, end, replicas)
+
+    def _route_caps(self, outputs: list[ControlOutput]) -> list[ControlOutput]:
+        """Each cap the power side just set under a device's draw: that replica's weight."""
+        out = []
+        at = outputs[-1].decision.decided_at if outputs else None
+        for u, draw, cap in self.power.take_new_caps():
+            device = self.power.devices[u]
+            if device.pool is None or at is None:
+                continue
+            w = self.routing.capped(device.pool, u, device.rack_id,
+                                    draw_watts=draw, cap_watts=cap)  # fmt: skip
+            if w is not None:
+                out.append(self._weight_output(at, device.pool, w))
         return out
+
+    def _weight_output(self, at: datetime, pool: str, change: ReplicaWeight) -> ControlOutput:
+        rack = change.rack_id or None
+        return self._output(
+            at, change.device_uuid, POWER_ROUTING, RouteAction.DEWEIGHT, change.reason.value,
+            change.message, Target(pool=pool, device_uuid=change.device_uuid, rack_id=rack),
+            changed=True,
+            extra={"rack_id": rack, "desired": change.desired, "applied": change.weight},
+            params={"weight_ratio": round(change.weight, 4)},
+        )  # fmt: skip
+
+    def _route_replicas(
+        self, name: str, end: datetime, replicas: list[ReplicaLoad]
+    ) -> list[ControlOutput]:
+        """The router's weight for each of the pool's replicas whose device our caps hold
+        down (and back to 1 once none does)."""
+        seen: dict[str, ReplicaServing] = {}
+        for r in replicas:
+            rack_id = self.power.rack_of(r.device_uuid)
+            if r.device_uuid is None or rack_id is None:
+                continue
+            n = max(r.tpot_reports, 1)
+            seen[r.device_uuid] = ReplicaServing(
+                r.device_uuid, rack_id, unit_tpot_s=r.unit_tpot_s / n,
+                batch=(r.work - r.queue) / r.reports, tpot_s=r.tpot_s / n,
+                held=self.power.holds(r.device_uuid),
+                over_ratio=self.power.over_ratio(rack_id, name), model=r.model,
+            )  # fmt: skip
+        for u in self.routing.weighted(name):
+            if u not in seen:  # weighted down, and silent this period
+                rack_id = self.power.rack_of(u) or ""
+                seen[u] = ReplicaServing(u, rack_id, 0.0, 0.0, 0.0, held=self.power.holds(u))
+        k = self.wiring.tpot_doubling_batch
+        changes = self.routing.step(name, list(seen.values()), doubling_batch=k)
+        return [self._weight_output(end, name, w) for w in changes]
 
 
 def _pool_p95(samples: list[TpotSample]) -> float | None:

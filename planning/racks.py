@@ -29,7 +29,7 @@ from controllers.power import (
     PowerReason,
 )
 from planning.registry import POWER
-from planning.throttle import ControlWiring, ThrottleIssuer, ThrottleOutput
+from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
 from schemas.commands import ClockMode, Target, ThrottleAction
 from schemas.envelopes import AnyAcceleratorSample, AnyServingSample
 from schemas.events import PduPhase, PduReading
@@ -92,6 +92,13 @@ class RackPlanner(ThrottleIssuer):
         # racks their last plan left over the limit with every lever spent (watts over):
         # kept apart so a pool's close asks only about these, not every rack
         self.short: dict[str, float] = {}
+        # caps just set under a device's draw (device, draw, cap), for the router's weights;
+        # whoever routes takes them (:meth:`take_new_caps`)
+        self.new_caps: list[tuple[str, float, float]] = []
+
+    def take_new_caps(self) -> list[tuple[str, float, float]]:
+        out, self.new_caps = self.new_caps, []
+        return out
 
     def short_pools(self) -> dict[str, str]:
         """Pools with a device on a rack that its last plan left over its limit with every
@@ -103,6 +110,28 @@ class RackPlanner(ThrottleIssuer):
                 if pool is not None:
                     out.setdefault(pool, rack_id)
         return out
+
+    def rack_of(self, device_uuid: str | None) -> str | None:
+        d = self.devices.get(device_uuid or "")
+        return None if d is None else d.rack_id
+
+    def holds(self, device_uuid: str) -> bool:
+        """Whether our cap or low-clock mode holds the device down."""
+        d = self.devices.get(device_uuid)
+        return d is not None and (d.low_clock or d.cap_watts < d.default_watts - 0.5)
+
+    def over_ratio(self, rack_id: str, pool: str) -> float:
+        """What the rack's last plan left it over its limit with every lever spent, as a
+        share of what ``pool``'s devices on it draw (0: not over, or none of them there)."""
+        short = self.short.get(rack_id, 0.0)
+        if short <= 0:
+            return 0.0
+        draw = sum(
+            d.draw_watts
+            for d in (self.devices[u] for u in self.rack_devices.get(rack_id, ()))
+            if d.pool == pool
+        )
+        return min(1.0, short / draw) if draw > 0 else 0.0
 
     def serving(self, metrics: AnyServingSample) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""
@@ -136,7 +165,7 @@ class RackPlanner(ThrottleIssuer):
         d.default_watts = max(d.default_watts, telemetry.power_limit_watts)
         d.min_watts, d.max_watts = telemetry.power_limit_min_watts, telemetry.power_limit_max_watts
 
-    def pdu(self, reading: PduReading) -> list[ThrottleOutput]:
+    def pdu(self, reading: PduReading) -> list[ControlOutput]:
         rack = self.racks.get(reading.rack_id)
         if rack is None:
             rack = self.racks[reading.rack_id] = _Rack(PowerController(self.wiring.power))
@@ -160,7 +189,7 @@ class RackPlanner(ThrottleIssuer):
 
     def _close_rack(
         self, rack_id: str, rack: _Rack, phases: dict[PduPhase, PduReading], end: datetime
-    ) -> list[ThrottleOutput]:
+    ) -> list[ControlOutput]:
         """One step of the rack's controller on ``phases`` (each phase's last reading)."""
         wiring = self.wiring
         draw, limit = _summed(phases)
@@ -186,6 +215,8 @@ class RackPlanner(ThrottleIssuer):
             d = members[a.device_uuid]
             target = Target(node_id=d.node_id, device_uuid=a.device_uuid, rack_id=rack_id)
             if a.lever is PowerLever.CAP and a.watts is not None:
+                if a.watts < d.draw_watts:
+                    self.new_caps.append((a.device_uuid, d.draw_watts, a.watts))
                 d.cap_watts = a.watts
                 params: dict[str, Any] = {"power_limit_watts": a.watts}
                 action = ThrottleAction.POWER_CAP
@@ -204,7 +235,7 @@ class RackPlanner(ThrottleIssuer):
     def _move_batch(
         self, end: datetime, rack_id: str, rack: _Rack, members: dict[str, _Device],
         plan: PowerPlan,
-    ) -> list[ThrottleOutput]:  # fmt: skip
+    ) -> list[ControlOutput]:  # fmt: skip
         """Batch work off the rack, to the pool with the most headroom (its own pool's
         other racks, if that is the one); or back, when the plan gives it back."""
         if plan.return_batch_watts > 0:
@@ -215,7 +246,7 @@ class RackPlanner(ThrottleIssuer):
         else:
             sources = {d.pool for d in members.values() if d.pool and d.batch_share > 0}
             moves = {src: 1.0 for src in sorted(sources) if src not in rack.batch_moved}
-        out: list[ThrottleOutput] = []
+        out: list[ControlOutput] = []
         if not moves:
             out.append(self._stays(end, rack_id, None, plan, plan.move_batch_watts,
                                    "no batch work on the rack to move"))  # fmt: skip
@@ -255,7 +286,7 @@ class RackPlanner(ThrottleIssuer):
     def _stays(
         self, end: datetime, rack_id: str, pool: str | None, plan: PowerPlan, desired: float,
         why: str,
-    ) -> ThrottleOutput:  # fmt: skip
+    ) -> ControlOutput:  # fmt: skip
         """An advisory decision: batch work the plan asked to move stays on the rack."""
         applied = None if pool is None else 0.0  # nothing to apply when no pool was named
         return self._output(

@@ -17,6 +17,7 @@ from controllers.capacity import CapacityReason
 from controllers.guardrail import GuardReason
 from controllers.isolation import REASONS as LADDER_REASONS
 from controllers.power import PowerReason
+from controllers.power_routing import PowerRouteReason
 from controllers.tpot_guard import BatchReason
 from controllers.warming import WarmReason
 from schemas.commands import Command, RouteCommand, ThrottleCommand, WarmCommand
@@ -42,8 +43,18 @@ TPOT_GUARD = Controller(
     "tpot_guard", "control", ThrottleCommand, THROTTLE_COMMANDS, (*BatchReason,)
 )
 POWER = Controller("power", "control", ThrottleCommand, THROTTLE_COMMANDS, (*PowerReason,))
+POWER_ROUTING = Controller(
+    "power_routing", "control", RouteCommand, ROUTE_COMMANDS, (*PowerRouteReason,)
+)
 
-CONTROLLERS: tuple[Controller, ...] = (ISOLATION, WARMING, CAPACITY, TPOT_GUARD, POWER)
+CONTROLLERS: tuple[Controller, ...] = (
+    ISOLATION,
+    WARMING,
+    CAPACITY,
+    TPOT_GUARD,
+    POWER,
+    POWER_ROUTING,
+)
 ROLES: tuple[str, ...] = (INGEST, *dict.fromkeys(c.role for c in CONTROLLERS))
 """What a worker may run, in the order the default runs them."""
 

@@ -3,7 +3,8 @@
 Shared by the capacity side (:mod:`streams.control`) and the power side
 (:mod:`planning.racks`): both step once per ``period_s`` of event time and
 turn what changed into a :class:`~schemas.verdicts.Decision` and, with a
-signing key, a signed ``ThrottleCommand`` (:meth:`ThrottleIssuer.output`).
+signing key, a signed ``ThrottleCommand`` (a ``RouteCommand`` for a replica's
+routing weight) (:meth:`ThrottleIssuer._output`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from typing import Any
 
 from controllers.capacity import CapacityConfig, LeverConfig
 from controllers.power import PowerConfig
+from controllers.power_routing import PowerRoutingConfig
 from controllers.tpot_guard import TpotGuardConfig
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import Controller
-from schemas.commands import Target, ThrottleAction, ThrottleCommand
+from schemas.commands import RouteAction, RouteCommand, Target, ThrottleAction, ThrottleCommand
 from schemas.verdicts import Decision, DecisionOutcome
 
-ThrottleOutput = Output[ThrottleCommand]
-"""A capacity, batch or power decision with its throttle command, if one was sent."""
+ControlOutput = Output[ThrottleCommand | RouteCommand]
+"""A capacity, batch, power or rack-routing decision with its command, if one was sent."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class ControlTuning:
     levers: LeverConfig = field(default_factory=LeverConfig)
     tpot_guard: TpotGuardConfig = field(default_factory=TpotGuardConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
+    power_routing: PowerRoutingConfig = field(default_factory=PowerRoutingConfig)
 
 
 @dataclass(frozen=True)
@@ -68,18 +71,21 @@ class ThrottleIssuer:
         return datetime.fromtimestamp((period + 1) * self.wiring.period_s, UTC)
 
     def _output(
-        self, at: datetime, target_name: str, by: Controller, action: ThrottleAction,
+        self, at: datetime, target_name: str, by: Controller, action: ThrottleAction | RouteAction,
         reason: str, message: str, target: Target, *, changed: bool, extra: dict[str, Any],
         params: dict[str, Any],
-    ) -> ThrottleOutput:  # fmt: skip
+    ) -> ControlOutput:  # fmt: skip
         decision_id = self.new_id()
-        command = None
+        command: ThrottleCommand | RouteCommand | None = None
         if changed:
-            command = issue(
-                ThrottleCommand, self.wiring, by=by, at=at, decision_id=decision_id,
-                new_id=self.new_id, target=target, reason=reason, message=message[:1024],
-                action=action, **params,
+            fields = dict(
+                by=by, at=at, decision_id=decision_id, new_id=self.new_id, target=target,
+                reason=reason, message=message[:1024], **params,
             )  # fmt: skip
+            if isinstance(action, RouteAction):
+                command = issue(RouteCommand, self.wiring, action=action, **fields)
+            else:
+                command = issue(ThrottleCommand, self.wiring, action=action, **fields)
         outcome = DecisionOutcome.ISSUED if command is not None else DecisionOutcome.ADVISORY
         decision = Decision(
             decision_id=decision_id, decided_at=at, controller=by.name, target=target_name,

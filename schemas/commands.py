@@ -131,7 +131,10 @@ class RouteCommand(Command):
     Addressed to a device or node (no pool): the node executor changes what that
     device or node accepts. Addressed to a pool: the router executor changes its
     table, for one ``model`` or all; with a device or node as well, it ejects or
-    readmits its devices from the pool.
+    readmits its devices from the pool, or (``deweight``) sets their replicas'
+    weight among the pool's (power-aware routing, which brings a replica back
+    with ``weight_ratio`` 1, never with ``restore``: that readmits a device the
+    isolation ladder ejected).
 
     At most 600 s: an isolation step acts on a verdict, and one ten minutes old is
     no longer evidence (the ladder dwells one to five minutes between steps).

@@ -43,6 +43,10 @@ class RouterControl(Protocol):
 
     def set_ejected(self, device_uuids: list[str], *, ejected: bool) -> str: ...
 
+    def set_replica_weight(self, device_uuids: list[str], ratio: float) -> str:
+        """The router's weight for these replicas within their pool (1: as any other)."""
+        ...
+
     def set_pool_lever(self, pool: str, lever: str, value: float) -> str: ...
 
     def move_batch(self, pool: str, rack_id: str, ratio: float, to_pool: str | None) -> str:

@@ -158,9 +158,10 @@ class RouterExecutor:
                 return self.control.set_ejected(devices, ejected=False)
             if command.action in EJECTING:
                 return self.control.set_ejected(devices, ejected=True)
-            raise PermanentActuatorError(
-                "the router de-weights pools; de-weight a node or device through the node executor"
-            )
+            assert command.weight_ratio is not None  # deweight: validated by the contract
+            # the router's own weight for these replicas (power-aware routing), not the
+            # device's admission state (the isolation ladder's, through the node executor)
+            return self.control.set_replica_weight(devices, command.weight_ratio)
         ratio = {
             RouteAction.DEWEIGHT: command.weight_ratio,
             RouteAction.RESTORE: 1.0,

@@ -98,6 +98,15 @@ class SimControl:
         verb = "ejected" if ejected else "readmitted"
         return f"{verb} {len(device_uuids)} device(s): {', '.join(device_uuids[:4])}"
 
+    def set_replica_weight(self, device_uuids: list[str], ratio: float) -> str:
+        weights = self.fleet.router.replica_weights
+        for u in device_uuids:
+            if ratio >= 1.0:
+                weights.pop(u, None)
+            else:
+                weights[u] = ratio
+        return f"weight {ratio:g} for {len(device_uuids)} replica(s): {', '.join(device_uuids[:4])}"
+
     def set_pool_lever(self, pool: str, lever: str, value: float) -> str:
         self._check_pool(pool)
         r = self.fleet.router
@@ -138,7 +147,11 @@ class SimControl:
         for dev in f.devices.values():
             if dev.model is None:
                 continue
-            weight = f.router.weight(dev.model, dev.pool) * f.device_weight(dev)
+            weight = (
+                f.router.weight(dev.model, dev.pool)
+                * f.router.replica_weights.get(dev.uuid, 1.0)
+                * f.device_weight(dev)
+            )
             routes.setdefault(dev.model, []).append(
                 {
                     "device_uuid": dev.uuid,

@@ -5,7 +5,8 @@ Each step of ``interval_s`` simulated seconds:
 1. demand per (model, region) from the demand source, scaled to the fleet,
    times any spike, plus any cold-model demand;
 2. routing: each region's demand is split over the replicas serving the model
-   there, in proportion to ``pool weight x device weight`` (the router's table);
+   there, in proportion to ``pool weight x replica weight x device weight x
+   capacity`` (the router's table; the replica weight is power-aware routing's);
    a region with no replica spills to the others; crashed hosts refuse
    connections, so the router skips them; a failed device takes traffic and
    errors until its route's circuit breaker opens, and errors are retried
@@ -275,6 +276,7 @@ class Fleet:
             m = MODELS[dev.model]
             w = (
                 self.router.weight(dev.model, dev.pool)
+                * self.router.replica_weights.get(dev.uuid, 1.0)
                 * self.device_weight(dev)
                 * (dev.spec.capacity_tokens_per_s(m) / m.generated_tokens)
             )

@@ -143,6 +143,8 @@ class RouterTable:
 
     pool_weights: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, pool)
     ejected: set[str] = field(default_factory=set)  # device uuids
+    # device uuid -> its replica's weight in its pool (power-aware routing; absent: 1)
+    replica_weights: dict[str, float] = field(default_factory=dict)
     admission_ratio: dict[str, float] = field(default_factory=dict)  # pool
     batch_size_max: dict[str, int] = field(default_factory=dict)  # pool
     optional_budget_ratio: dict[str, float] = field(default_factory=dict)  # pool

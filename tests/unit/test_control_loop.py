@@ -17,12 +17,19 @@ from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from agents.sim.state import Device
 from controllers.power import PowerConfig
+from controllers.power_routing import PowerRoutingConfig
 from fleetloop.sim import build_dispatcher
 from planning.pools import ControlPlanner
 from planning.racks import RackPlanner
-from planning.throttle import ControlWiring, ThrottleOutput
+from planning.throttle import ControlOutput, ControlWiring
 from schemas.base import Contract
-from schemas.commands import ResultStatus, RouteAction, ThrottleAction
+from schemas.commands import (
+    ResultStatus,
+    RouteAction,
+    RouteCommand,
+    ThrottleAction,
+    ThrottleCommand,
+)
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import Decision, DecisionOutcome
@@ -32,7 +39,7 @@ SCENARIOS = Path(__file__).parents[2] / "scenarios"
 KEY = next(iter(COMMAND_KEYS.items()))
 
 
-def _feed(planner: ControlPlanner, records: list[tuple[object, Contract]]) -> list[ThrottleOutput]:
+def _feed(planner: ControlPlanner, records: list[tuple[object, Contract]]) -> list[ControlOutput]:
     return [o for _, event in records for o in planner.feed(event)]
 
 
@@ -44,7 +51,8 @@ def _run(
     batch_ratio: float = 0.0,
     move_batch: bool = True,
     each_step: Callable[[Simulation], None] | None = None,
-) -> tuple[Simulation, list[ThrottleOutput]]:
+    power_routing: bool = True,
+) -> tuple[Simulation, list[ControlOutput]]:
     scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
     demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
@@ -53,9 +61,10 @@ def _run(
         ControlWiring(
             signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget,
             power=PowerConfig(move_after_periods=3 if move_batch else 10**9),
+            power_routing=PowerRoutingConfig(enabled=power_routing),
         )
     )  # fmt: skip
-    outputs: list[ThrottleOutput] = []
+    outputs: list[ControlOutput] = []
     for n in range(int(seconds / sim.interval_s)):
         made = _feed(planner, sim.tick(n))  # type: ignore[arg-type]
         if each_step is not None:
@@ -93,11 +102,11 @@ def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
     first = budget[0].decision
     assert first.p_term is not None and first.i_term is not None and first.d_term is not None
     assert first.outcome is DecisionOutcome.ISSUED and first.applied and first.applied > 0
-    assert budget[0].command is not None
+    assert isinstance(budget[0].command, ThrottleCommand)
     assert budget[0].command.optional_budget_ratio == round(first.applied, 4)
     # spent on the two levers, and the router holds both
     command = budget[-1].command
-    assert command is not None and command.funnel_extra_candidates is not None
+    assert isinstance(command, ThrottleCommand) and command.funnel_extra_candidates is not None
     assert command.upgrade_ratio is not None and "extra candidates" in budget[-1].decision.message
     assert set(sim.fleet.router.optional_levers[command.target.pool or ""]) == {
         "funnel_extra_candidates",
@@ -110,7 +119,7 @@ def test_the_budget_grows_with_headroom_and_records_pid_terms() -> None:
 
 def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() -> None:
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.05))
-    made: list[ThrottleOutput] = []
+    made: list[ControlOutput] = []
     for k in range(40):
         tpot = 0.03 if k < 20 else 0.09
         m = ServingMetrics(
@@ -125,7 +134,7 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
     assert ("capacity", "slo_breach") in reasons
     assert ("tpot_guard", "tpot_high") in reasons
     cut = next(o for o in made if o.decision.reason == "tpot_high")
-    assert cut.command is not None and cut.command.batch_size_max == 204
+    assert isinstance(cut.command, ThrottleCommand) and cut.command.batch_size_max == 204
 
 
 def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
@@ -219,7 +228,7 @@ def test_optional_work_that_waits_is_not_taken_for_baseline() -> None:
 
 
 def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
-           requests: int) -> list[ThrottleOutput]:  # fmt: skip
+           requests: int) -> list[ControlOutput]:  # fmt: skip
     return planner.serving(
         ServingMetrics(
             event_id=uuid.uuid4(),
@@ -265,7 +274,7 @@ def test_caps_go_first_to_the_device_busiest_with_optional_work() -> None:
     rack = sim.fleet.racks[0]
     a, b = rack.nodes[0].devices[0], rack.nodes[0].devices[1]
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0))
-    made: list[ThrottleOutput] = []
+    made: list[ControlOutput] = []
     for k in range(3):
         at = START + timedelta(seconds=10 * k + 1)
         for dev, optional in ((a, 0), (b, 9)):  # b serves mostly optional work
@@ -304,12 +313,12 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
 
     sim, outputs = _run(controlled=True, batch_ratio=0.1, each_step=watch)
     rack0 = sim.fleet.racks[0].rack_id
-    moves = [o for o in outputs if o.command is not None
+    moves = [o.command for o in outputs if isinstance(o.command, ThrottleCommand)
              and o.command.action is ThrottleAction.MOVE_BATCH]  # fmt: skip
-    away = [o for o in moves if o.command and o.command.batch_move_ratio]
-    back = [o for o in moves if o.command and o.command.batch_move_ratio == 0]
-    assert away and back and all(o.command and o.command.to_pool for o in away)
-    assert any(o.command and o.command.target.rack_id == rack0 for o in away)
+    away = [c for c in moves if c.batch_move_ratio]
+    back = [c for c in moves if c.batch_move_ratio == 0]
+    assert away and back and all(c.to_pool for c in away)
+    assert any(c.target.rack_id == rack0 for c in away)
     # while the caps hold, the rack runs no batch work and the work runs elsewhere
     assert all(batch == 0 and moved > 0 for _, batch, moved in during[10:])
     # after the repair it is back, and nothing is left moved
@@ -340,7 +349,7 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
     racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
     dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
-    made: list[ThrottleOutput] = []
+    made: list[ControlOutput] = []
     for n in range(int(300 / sim.interval_s)):
         for _, event in sim.tick(n):
             if isinstance(event, AcceleratorTelemetry):
@@ -362,3 +371,35 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     times = sorted({d.decided_at for d in stays if d.rack_id == rack0})
     assert len(times) >= 2
     assert all((b - a).total_seconds() >= 3 * 2.0 for a, b in itertools.pairwise(times))
+
+
+def test_capped_devices_get_less_work_and_their_tpot_meets_their_peers_then_comes_back() -> None:
+    # pdu-overload: rack 0 loses part of its feed and its devices are capped; a router that
+    # balances by capacity alone leaves their tokens slower than the rest of the pool's
+    def watch(ratios: list[float]) -> Callable[[Simulation], None]:
+        def each(sim: Simulation) -> None:
+            rack0 = sim.fleet.racks[0].rack_id
+            serving = [d for d in sim.fleet.devices.values() if d.model and d.tpot_s > 0]
+            capped = [d.tpot_s for d in serving if d.node.rack_id == rack0
+                      and d.power_cap_watts < d.spec.power_limit_watts]  # fmt: skip
+            others = [d.tpot_s for d in serving if d.node.rack_id != rack0]
+            if 180 <= sim.fleet.t_s < 420 and capped and others:  # the feed loss, settled
+                ratios.append((sum(capped) / len(capped)) / (sum(others) / len(others)))
+
+        return each
+
+    plain: list[float] = []
+    routed: list[float] = []
+    _, plain_outputs = _run(controlled=True, each_step=watch(plain), power_routing=False)
+    sim, outputs = _run(controlled=True, each_step=watch(routed))
+    assert plain and routed
+    assert sum(plain) / len(plain) > 1.3  # what the cap alone leaves
+    assert sum(routed) / len(routed) < 1.1
+    assert not [c for c in sim.faults.consequences if c["what"] == "breaker_trip"]
+    said = {(o.decision.controller, o.decision.reason) for o in outputs}
+    assert {("power_routing", "device_capped"), ("power_routing", "caps_lifted")} <= said
+    assert not any(o.decision.controller == "power_routing" for o in plain_outputs)
+    weights = [o.command for o in outputs if o.decision.controller == "power_routing"]
+    assert weights and all(isinstance(c, RouteCommand) and c.target.pool for c in weights)
+    # after the feed is repaired the caps come off, and the weights with them
+    assert sim.fleet.router.replica_weights == {}

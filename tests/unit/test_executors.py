@@ -214,9 +214,9 @@ def test_unknown_targets_and_wrong_levers_are_permanent_and_a_tampered_id_is_for
             action=ThrottleAction.POWER_CAP,
             power_limit_watts=300.0,
         ),
-        _command(
+        _command(  # a replica's weight in a pool it is not in
             RouteCommand,
-            target=Target(pool="us-east-h100", device_uuid="node-00000-gpu0"),
+            target=Target(pool="us-east-h100", device_uuid="node-99999-gpu0"),
             action=RouteAction.DEWEIGHT,
             weight_ratio=0.5,
         ),
@@ -326,3 +326,38 @@ def test_only_a_restore_loosens_an_isolated_device() -> None:
     assert device.admin.value == "active"
     send(RouteAction.DEWEIGHT, weight_ratio=0.5)
     assert device.admin.value == "deweighted" and device.weight_ratio == 0.5
+
+
+def test_the_router_weights_a_replica_within_its_pool_and_brings_it_back() -> None:
+    # power-aware routing: the router's own weight for a capped device's replica, apart
+    # from the device's admission state (the ladder's); weight 1 brings it back, and never
+    # readmits a device the ladder had the router eject
+    sim, dispatcher = _dispatcher()
+    now = sim.fleet.now
+    control = SimControl(sim.fleet)
+    uuid_ = "node-00000-gpu0"
+    pool = sim.fleet.devices[uuid_].pool
+
+    def weights() -> dict[str, float]:
+        return {r["device_uuid"]: r["weight"] for rows in control.table()["routes"].values()
+                for r in rows if r["pool"] == pool}  # fmt: skip
+
+    before = weights()
+    down = _command(RouteCommand, target=Target(pool=pool, device_uuid=uuid_),
+                    action=RouteAction.DEWEIGHT, weight_ratio=0.25)  # fmt: skip
+    result = dispatcher.handle(down, now=now, received_at=now)
+    assert result is not None and result.status is ResultStatus.APPLIED, result
+    assert weights()[uuid_] == pytest.approx(0.25 * before[uuid_])
+    assert sim.fleet.devices[uuid_].weight_ratio == 1.0  # its admission state is untouched
+    sim.tick(1)
+    peer = next(u for u in before if u != uuid_ and sim.fleet.devices[u].model
+                == sim.fleet.devices[uuid_].model)  # fmt: skip
+    assert sim.fleet.devices[uuid_].offered_rps < 0.5 * sim.fleet.devices[peer].offered_rps
+    eject = _command(RouteCommand, target=Target(pool=pool, device_uuid=uuid_),
+                     action=RouteAction.QUARANTINE)  # fmt: skip
+    back = _command(RouteCommand, target=Target(pool=pool, device_uuid=uuid_),
+                    action=RouteAction.DEWEIGHT, weight_ratio=1.0)  # fmt: skip
+    for c in (eject, back):
+        result = dispatcher.handle(c, now=now, received_at=now)
+        assert result is not None and result.status is ResultStatus.APPLIED, result
+    assert uuid_ in sim.fleet.router.ejected and uuid_ not in sim.fleet.router.replica_weights

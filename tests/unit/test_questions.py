@@ -137,7 +137,8 @@ def test_decisions_by_reason(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     assert warming and warming <= {r.value for r in WarmReason}  # gemma-27b, wanted, unloaded
     controllers = {r["controller"] for r in rows}
     assert {"isolation", "warming", "capacity", "power"} <= controllers
-    assert controllers <= {"isolation", "warming", "capacity", "power", "tpot_guard"}
+    assert controllers <= {"isolation", "warming", "capacity", "power", "tpot_guard",
+                           "power_routing"}  # fmt: skip
     # the tripped rack's feed: the power controller wanted caps (advisory: no keys)
     power = [r for r in rows if r["controller"] == "power"]
     assert any(r["reason"] in ("over_target", "move_batch") for r in power)

@@ -23,5 +23,7 @@ def test_every_command_is_issued_by_the_controller_that_decided_it() -> None:
 def test_roles_and_names_come_from_one_table() -> None:
     assert ROLES == ("ingest", "health", "demand", "control")
     assert len({c.name for c in CONTROLLERS}) == len(CONTROLLERS)
-    assert [c.name for c in controllers_of("control")] == ["capacity", "tpot_guard", "power"]
+    assert [c.name for c in controllers_of("control")] == [
+        "capacity", "tpot_guard", "power", "power_routing"
+    ]  # fmt: skip
     assert controllers_of("ingest") == ()

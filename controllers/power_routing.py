@@ -1,0 +1,237 @@
+"""Power-aware routing: the router's weight for a replica whose device our power cap (or
+low-clock mode) holds down.
+
+A capped device runs a slower clock, and every token it serves takes longer. A
+least-loaded router already gives it less work (equal outstanding requests per
+replica), which evens the batches, not the token times: its requests see a
+TPOT up to ``1 / clock`` times its peers' (the pool's replicas of the same
+model). So while a device is held down, the router weights its replica by what
+keeps its TPOT with its peers'.
+
+The model is the control planner's own (Little's law and the batch-slot model,
+:class:`~planning.pools.ReplicaLoad`): a replica's TPOT is ``tau (1 + B / D)``,
+with ``tau`` its time per token at a batch of one and ``D`` the doubling batch,
+and its batch ``B = a T`` for a request intensity ``a`` (sequences started per
+second of TPOT). So ``T = tau / (1 - a tau / D)``, and the pool's total
+intensity ``A`` is served with every replica at one TPOT ``T*`` when each runs
+at ``a_i = D (1 / tau_i - 1 / T*)``, where ``1 / T* = (sum 1 / tau_i - A / D) /
+N``. A held replica's new weight is its weight times ``a_i / (its measured
+a)``, relative to the mean of that factor over the replicas no cap holds (they
+keep weight 1). Past saturation (no ``T*`` exists) the intensities follow each
+replica's speed, ``1 / tau``. A capped device's clock rises as its load falls,
+so the step overshoots a little; the next period's readings correct it.
+
+When the power side caps a device under its draw, its weight falls at once in
+proportion (the cap over the draw): a device capped to its floor at its old
+share would breach within seconds. Then once a period, per pool: a held
+replica whose TPOT is more than ``tolerance`` off its peers' (a reading's
+noise moves nothing) takes ``gain`` of the model's step (in ratio: a capped
+device's clock rises as its load falls, so the whole step overshoots; a rise
+takes half that, as the clock falls again when load comes back); weights fall
+at once (a held replica breaches now), rise at most ``max_rise_ratio`` a
+period (a lower weight may be what keeps its rack under
+its limit), and never go under ``min_weight``. A replica on a rack the power
+side left over its limit with every lever spent also sheds the share of its
+pool's draw there that the rack is over. A replica no cap holds any more goes back
+to weight 1 as fast as the rise limit allows.
+
+Example::
+
+    router = PowerRouter(PowerRoutingConfig())
+    router.step("pool-a", [ReplicaServing("gpu-1", "rack-1", 0.030, 40.0, 0.053, held=True),
+                           ReplicaServing("gpu-2", "rack-2", 0.020, 40.0, 0.026)],
+                doubling_batch=128)
+    # -> [ReplicaWeight(device_uuid="gpu-1", weight=0.36..., reason=device_capped, ...)]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+STEP = 0.01  # a weight change smaller than this is not sent
+
+
+class PowerRouteReason(StrEnum):
+    CAPPED = "device_capped"  # weighted to keep its TPOT with its peers'
+    OVER_LIMIT = "rack_over_limit"  # every lever spent and still over: load off the rack
+    LIFTED = "caps_lifted"  # no cap holds it any more: its weight goes back to 1
+
+
+@dataclass(frozen=True, slots=True)
+class PowerRoutingConfig:
+    enabled: bool = True
+    min_weight: float = 0.1
+    tolerance: float = 0.05  # a replica within this share of its peers' TPOT keeps its weight
+    max_rise_ratio: float = 1.5  # per period
+    # the share of the model's step taken each period: a capped device's clock rises as its
+    # load falls, so the full step overshoots (the next period would swing it back)
+    gain: float = 0.5
+    max_shed_ratio: float = 0.5  # the most one period's over-limit cut takes off a weight
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.min_weight <= 1.0:
+            raise ValueError("min_weight is a weight in (0, 1]")
+        if not 0.0 <= self.tolerance < 1.0:
+            raise ValueError("tolerance is a share of a TPOT in [0, 1)")
+        if self.max_rise_ratio <= 1.0:
+            raise ValueError("max_rise_ratio must be over 1 (weights must be able to come back)")
+        if not 0.0 < self.max_shed_ratio < 1.0:
+            raise ValueError("max_shed_ratio is a share of a weight in (0, 1)")
+        if not 0.0 < self.gain <= 1.0:
+            raise ValueError("gain is a share of the model's step in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaServing:
+    """One replica of a pool over one period (zeros: it reported nothing)."""
+
+    device_uuid: str
+    rack_id: str
+    unit_tpot_s: float  # mean time per token at a batch of one
+    batch: float  # mean running sequences
+    tpot_s: float  # mean TPOT p95
+    held: bool = False  # our cap or low-clock mode holds its device down
+    over_ratio: float = 0.0  # of its pool's draw on the rack, the share the rack is over by
+    model: str = ""  # its peers serve the same model (TPOT is a model's own)
+
+    @property
+    def known(self) -> bool:
+        return self.unit_tpot_s > 0 and self.tpot_s > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWeight:
+    """A change of a replica's weight in its pool's router, and why."""
+
+    device_uuid: str
+    rack_id: str
+    weight: float
+    previous: float
+    desired: float  # before the limits on a step
+    reason: PowerRouteReason
+    message: str
+
+
+@dataclass(slots=True)
+class PowerRouter:
+    config: PowerRoutingConfig
+    weights: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, device)
+
+    def weight(self, pool: str, device_uuid: str) -> float:
+        return self.weights.get((pool, device_uuid), 1.0)
+
+    def weighted(self, pool: str) -> list[str]:
+        """The pool's devices the router weights under 1 now."""
+        return [u for (p, u), w in self.weights.items() if p == pool and w < 1.0]
+
+    def step(
+        self, pool: str, replicas: list[ReplicaServing], *, doubling_batch: float
+    ) -> list[ReplicaWeight]:
+        """One period of a pool: the weight changes to send. A replica's peers are the
+        pool's replicas of the same model."""
+        if not self.config.enabled:
+            return []
+        models: dict[str, list[ReplicaServing]] = {}
+        for r in replicas:
+            models.setdefault(r.model, []).append(r)
+        return [w for group in models.values() for w in self._step(pool, group, doubling_batch)]
+
+    def _step(
+        self, pool: str, replicas: list[ReplicaServing], doubling_batch: float
+    ) -> list[ReplicaWeight]:
+        c = self.config
+        known = [r for r in replicas if r.known and r.batch > 0]
+        factors = _equalising_factors(known, doubling_batch)
+        free = [r for r in known if not r.held]
+        if free:  # the replicas no cap holds keep weight 1: scale to them
+            reference = sum(factors[r.device_uuid] for r in free) / len(free)
+        else:
+            reference = max(factors.values(), default=1.0)
+        peers = free or known
+        peer_tpot = sum(r.tpot_s for r in peers) / len(peers) if peers else 0.0
+        out = []
+        for r in replicas:
+            now = self.weight(pool, r.device_uuid)
+            if not r.held and now >= 1.0:
+                continue
+            factor = factors.get(r.device_uuid)
+            # nothing known of it this period, or its TPOT with its peers': nothing to correct
+            level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
+            if level or factor is None:
+                desired = now
+            else:
+                ratio = factor / reference
+                # a held device's clock falls as its load rises: a rise takes half the step
+                gain = c.gain / 2 if ratio > 1 else c.gain
+                desired = min(1.0, now * ratio**gain)
+            reason, why = PowerRouteReason.CAPPED, ""
+            if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
+                desired, reason = 1.0, PowerRouteReason.LIFTED
+            elif r.over_ratio > 0:
+                shed = now * (1.0 - min(c.max_shed_ratio, r.over_ratio))
+                if shed < desired:
+                    desired, reason = shed, PowerRouteReason.OVER_LIMIT
+                    why = f"; {r.rack_id} is {r.over_ratio:.0%} over its limit, every lever spent"
+            new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
+            if (new == 1.0 and now < 1.0) or abs(new - now) >= STEP:
+                self.weights[(pool, r.device_uuid)] = new
+                message = _message(pool, r, peer_tpot, now, new, reason) + why
+                out.append(ReplicaWeight(r.device_uuid, r.rack_id, new, now, desired, reason,
+                                         message))  # fmt: skip
+        return out
+
+    def capped(
+        self, pool: str, device_uuid: str, rack_id: str, *, draw_watts: float, cap_watts: float
+    ) -> ReplicaWeight | None:
+        """A cap just set under the device's draw: its weight falls with its power at once,
+        not a period later (a device capped to its floor at its old share breaches within
+        seconds); the period's rule corrects it once readings show the new clock."""
+        c = self.config
+        if not c.enabled or draw_watts <= 0 or cap_watts >= draw_watts:
+            return None
+        now = self.weight(pool, device_uuid)
+        new = max(c.min_weight, now * cap_watts / draw_watts)
+        if now - new < STEP:
+            return None
+        self.weights[(pool, device_uuid)] = new
+        message = (
+            f"{pool} on {device_uuid} ({rack_id}): capped to {cap_watts:.0f} W from a draw of "
+            f"{draw_watts:.0f} W; weight {now:.2f} -> {new:.2f} with its power, until its "
+            "readings show the clock it runs"
+        )
+        return ReplicaWeight(device_uuid, rack_id, new, now, new, PowerRouteReason.CAPPED, message)
+
+
+def _equalising_factors(replicas: list[ReplicaServing], doubling_batch: float) -> dict[str, float]:
+    """Per replica, the factor on its request intensity that brings all to one TPOT."""
+    if not replicas:
+        return {}
+    d = doubling_batch
+    intensity = {r.device_uuid: r.batch / r.tpot_s for r in replicas}  # a = B / T
+    total = sum(intensity.values())
+    speed = sum(1.0 / r.unit_tpot_s for r in replicas)
+    inverse_t = (speed - total / d) / len(replicas)
+    out = {}
+    for r in replicas:
+        if inverse_t > 0:
+            target = d * max(0.0, 1.0 / r.unit_tpot_s - inverse_t)
+        else:  # past saturation: intensities by speed
+            target = total / speed / r.unit_tpot_s
+        out[r.device_uuid] = target / intensity[r.device_uuid]
+    return out
+
+
+def _message(
+    pool: str, replica: ReplicaServing, peer_tpot: float, before: float, after: float,
+    why: PowerRouteReason,
+) -> str:  # fmt: skip
+    where = f"{pool} on {replica.device_uuid} ({replica.rack_id})"
+    if why is PowerRouteReason.LIFTED:
+        return f"{where}: no cap holds it, weight {before:.2f} -> {after:.2f}"
+    return (
+        f"{where}: held down, TPOT {replica.tpot_s * 1e3:.1f} ms against its peers' "
+        f"{peer_tpot * 1e3:.1f} ms ({replica.unit_tpot_s * 1e3:.1f} ms a token at a batch of one); "
+        f"weight {before:.2f} -> {after:.2f} to bring it to theirs"
+    )

@@ -1,0 +1,138 @@
+"""Power-aware routing (:mod:`controllers.power_routing`): a replica our caps hold down is
+weighted to its peers' TPOT, and back to 1 when the caps lift.
+
+The pool here is the batch-slot model itself, each replica with a fixed time per token
+(``tau``): a router splits the pool's request intensity by weight, and a replica at
+intensity ``a`` runs TPOT ``tau / (1 - a tau / D)``, batch ``a * TPOT``. A capped
+device's ``tau`` is its uncapped one over its clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers.power_routing import (
+    PowerRouter,
+    PowerRouteReason,
+    PowerRoutingConfig,
+    ReplicaServing,
+)
+
+DOUBLING = 128.0
+TAU_S = 0.020  # per token at a batch of one, full clock
+
+
+def _period(
+    taus: dict[str, float], weights: dict[str, float], total: float, held: set[str]
+) -> list[ReplicaServing]:
+    """One period of the pool at total intensity ``total`` (sequences per second of TPOT),
+    split by weight."""
+    share = sum(weights.values())
+    out = []
+    for u, tau in taus.items():
+        a = total * weights[u] / share
+        tpot = tau / max(1e-6, 1.0 - a * tau / DOUBLING)
+        out.append(ReplicaServing(u, "rack-0" if u in held else "rack-1", tau, a * tpot, tpot,
+                                  held=u in held))  # fmt: skip
+    return out
+
+
+def _run(
+    router: PowerRouter, taus: dict[str, float], held: set[str], periods: int, total: float
+) -> tuple[dict[str, float], list[int]]:
+    weights = dict.fromkeys(taus, 1.0)
+    changes = []
+    for _ in range(periods):
+        moves = router.step("pool", _period(taus, weights, total, held), doubling_batch=DOUBLING)
+        for w in moves:
+            weights[w.device_uuid] = w.weight
+        changes.append(len(moves))
+    return weights, changes
+
+
+def _tpots(taus: dict[str, float], weights: dict[str, float], total: float) -> dict[str, float]:
+    return {r.device_uuid: r.tpot_s for r in _period(taus, weights, total, set())}
+
+
+def test_a_capped_replica_is_weighted_to_its_peers_tpot_and_stays_there() -> None:
+    taus = {f"gpu-{i}": TAU_S for i in range(8)}
+    taus["gpu-0"] = taus["gpu-1"] = TAU_S / 0.7  # capped to 70% of its clock
+    held = {"gpu-0", "gpu-1"}
+    total = 8 * 0.55 * DOUBLING / TAU_S  # 55% of the slots at full clock
+    unweighted = _tpots(taus, dict.fromkeys(taus, 1.0), total)
+    assert unweighted["gpu-0"] > 1.5 * unweighted["gpu-7"]  # what a plain router leaves
+    weights, changes = _run(PowerRouter(PowerRoutingConfig()), taus, held, 12, total)
+    after = _tpots(taus, weights, total)
+    assert after["gpu-0"] == pytest.approx(after["gpu-7"], rel=0.05)
+    assert after["gpu-0"] < unweighted["gpu-0"] * 0.8
+    assert 0.1 < weights["gpu-0"] < 0.8 and weights["gpu-7"] == 1.0
+    assert sum(changes[-4:]) == 0, changes  # settled: no command once it is level
+
+
+def test_weights_fall_at_once_and_come_back_within_the_rise_limit_when_the_caps_lift() -> None:
+    taus = {f"gpu-{i}": TAU_S for i in range(4)}
+    slow = dict(taus, **{"gpu-0": TAU_S / 0.5})
+    total = 4 * 0.5 * DOUBLING / TAU_S
+    router = PowerRouter(PowerRoutingConfig())
+    weights, _ = _run(router, slow, {"gpu-0"}, 6, total)
+    low = weights["gpu-0"]
+    assert low < 0.6
+    # the cap lifts: its device is as fast as the others, and no cap holds it
+    steps = []
+    for _ in range(8):
+        moves = router.step("pool", _period(taus, weights, total, set()), doubling_batch=DOUBLING)
+        for w in moves:
+            assert w.reason is PowerRouteReason.LIFTED
+            assert w.weight <= 1.5 * weights[w.device_uuid] + 1e-9  # at most x1.5 a period
+            weights[w.device_uuid] = w.weight
+        steps.append(weights["gpu-0"])
+    assert steps[-1] == 1.0 and router.weighted("pool") == []
+    assert steps.index(1.0) <= 3
+
+
+def test_a_cap_under_the_draw_cuts_the_weight_in_proportion_at_once() -> None:
+    router = PowerRouter(PowerRoutingConfig())
+    w = router.capped("pool", "gpu-3", "rack-2", draw_watts=600.0, cap_watts=300.0)
+    assert w is not None and w.weight == pytest.approx(0.5) and w.reason is PowerRouteReason.CAPPED
+    assert "300 W" in w.message and "rack-2" in w.message
+    # a cap over what it draws changes nothing; the weight never goes under min_weight
+    assert router.capped("pool", "gpu-3", "rack-2", draw_watts=200.0, cap_watts=300.0) is None
+    w = router.capped("pool", "gpu-3", "rack-2", draw_watts=600.0, cap_watts=10.0)
+    assert w is not None and w.weight == pytest.approx(0.1)
+
+
+def test_a_rack_over_its_limit_with_every_lever_spent_sheds_load_off_its_replicas() -> None:
+    taus = {f"gpu-{i}": TAU_S for i in range(4)}
+    total = 4 * 0.5 * DOUBLING / TAU_S
+    router = PowerRouter(PowerRoutingConfig())
+    replicas = [
+        ReplicaServing(r.device_uuid, r.rack_id, r.unit_tpot_s, r.batch, r.tpot_s,
+                       held=r.device_uuid == "gpu-0",
+                       over_ratio=0.2 if r.device_uuid == "gpu-0" else 0.0)
+        for r in _period(taus, dict.fromkeys(taus, 1.0), total, set())
+    ]  # fmt: skip
+    (w,) = router.step("pool", replicas, doubling_batch=DOUBLING)
+    # level with its peers, so only the watts it is over move it: 20% of its share
+    assert w.device_uuid == "gpu-0" and w.reason is PowerRouteReason.OVER_LIMIT
+    assert w.weight == pytest.approx(0.8) and "over its limit" in w.message
+
+
+def test_nothing_moves_when_disabled_or_when_no_cap_holds_a_replica() -> None:
+    taus = {f"gpu-{i}": TAU_S for i in range(4)}
+    slow = dict(taus, **{"gpu-0": TAU_S / 0.5})
+    total = 4 * 0.5 * DOUBLING / TAU_S
+    off = PowerRouter(PowerRoutingConfig(enabled=False))
+    assert _run(off, slow, {"gpu-0"}, 4, total)[1] == [0, 0, 0, 0]
+    # slow for a reason that is not our cap (a thermal brake, a grey failure): not ours
+    # to route around here; the health detector's ladder answers for it
+    assert _run(PowerRouter(PowerRoutingConfig()), slow, set(), 4, total)[1] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{"min_weight": 0.0}, {"tolerance": 1.0}, {"max_rise_ratio": 1.0}, {"gain": 0.0},
+     {"max_shed_ratio": 1.0}],
+)  # fmt: skip
+def test_settings_out_of_range_are_refused_with_what_is_wrong(given: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(given))):
+        PowerRoutingConfig(**given)  # type: ignore[arg-type]
