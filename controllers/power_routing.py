@@ -29,10 +29,11 @@ noise moves nothing) takes ``gain`` of the model's step (in ratio: a capped
 device's clock rises as its load falls, so the whole step overshoots; a rise
 takes half that, as the clock falls again when load comes back); weights fall
 at once (a held replica breaches now), rise at most ``max_rise_ratio`` a
-period (a lower weight may be what keeps its rack under
-its limit), and never go under ``min_weight``. A replica on a rack the power
-side left over its limit with every lever spent also sheds the share of its
-pool's draw there that the rack is over. A replica no cap holds any more goes back
+period (a lower weight may be what keeps its rack under its limit), never
+while its cap is at the driver's floor, and never go under ``min_weight``. A
+replica on a rack the power side leaves over its limit with every lever spent
+sheds the share of its pool's draw there that the rack is over, at once, once a
+period (a breaker trips in seconds). A replica no cap holds any more goes back
 to weight 1 as fast as the rise limit allows.
 
 Example::
@@ -93,7 +94,9 @@ class ReplicaServing:
     batch: float  # mean running sequences
     tpot_s: float  # mean TPOT p95
     held: bool = False  # our cap or low-clock mode holds its device down
-    over_ratio: float = 0.0  # of its pool's draw on the rack, the share the rack is over by
+    # its cap is at the driver's floor: the power side has no lever left on it, so its
+    # weight never rises (what it would draw is what keeps its rack under the breaker)
+    at_floor: bool = False
     model: str = ""  # its peers serve the same model (TPOT is a model's own)
 
     @property
@@ -166,18 +169,15 @@ class PowerRouter:
                 # a held device's clock falls as its load rises: a rise takes half the step
                 gain = c.gain / 2 if ratio > 1 else c.gain
                 desired = min(1.0, now * ratio**gain)
-            reason, why = PowerRouteReason.CAPPED, ""
+            reason = PowerRouteReason.CAPPED
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
                 desired, reason = 1.0, PowerRouteReason.LIFTED
-            elif r.over_ratio > 0:
-                shed = now * (1.0 - min(c.max_shed_ratio, r.over_ratio))
-                if shed < desired:
-                    desired, reason = shed, PowerRouteReason.OVER_LIMIT
-                    why = f"; {r.rack_id} is {r.over_ratio:.0%} over its limit, every lever spent"
+            elif r.at_floor:
+                desired = min(desired, now)
             new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
             if (new == 1.0 and now < 1.0) or abs(new - now) >= STEP:
                 self.weights[(pool, r.device_uuid)] = new
-                message = _message(pool, r, peer_tpot, now, new, reason) + why
+                message = _message(pool, r, peer_tpot, now, new, reason)
                 out.append(ReplicaWeight(r.device_uuid, r.rack_id, new, now, desired, reason,
                                          message))  # fmt: skip
         return out
@@ -188,20 +188,41 @@ class PowerRouter:
         """A cap just set under the device's draw: its weight falls with its power at once,
         not a period later (a device capped to its floor at its old share breaches within
         seconds); the period's rule corrects it once readings show the new clock."""
-        c = self.config
-        if not c.enabled or draw_watts <= 0 or cap_watts >= draw_watts:
+        if draw_watts <= 0 or cap_watts >= draw_watts:
+            return None
+        why = (
+            f"capped to {cap_watts:.0f} W from a draw of {draw_watts:.0f} W; with its power, "
+            "until its readings show the clock it runs"
+        )
+        return self._cut(pool, device_uuid, rack_id, cap_watts / draw_watts,
+                         PowerRouteReason.CAPPED, why)  # fmt: skip
+
+    def shed(
+        self, pool: str, device_uuid: str, rack_id: str, *, over_ratio: float
+    ) -> ReplicaWeight | None:
+        """Its rack is over its limit with every lever spent, by ``over_ratio`` of what its
+        pool's devices there draw: that share of its work goes, at once (a breaker trips in
+        seconds; the caller sheds once a control period)."""
+        if over_ratio <= 0:
+            return None
+        why = f"{rack_id} is {over_ratio:.0%} over its limit with every cap at its floor"
+        kept = 1.0 - min(self.config.max_shed_ratio, over_ratio)
+        return self._cut(pool, device_uuid, rack_id, kept, PowerRouteReason.OVER_LIMIT, why)
+
+    def _cut(
+        self, pool: str, device_uuid: str, rack_id: str, kept: float, reason: PowerRouteReason,
+        why: str,
+    ) -> ReplicaWeight | None:  # fmt: skip
+        """The replica's weight times ``kept`` (not under ``min_weight``), now."""
+        if not self.config.enabled:
             return None
         now = self.weight(pool, device_uuid)
-        new = max(c.min_weight, now * cap_watts / draw_watts)
+        new = max(self.config.min_weight, now * kept)
         if now - new < STEP:
             return None
         self.weights[(pool, device_uuid)] = new
-        message = (
-            f"{pool} on {device_uuid} ({rack_id}): capped to {cap_watts:.0f} W from a draw of "
-            f"{draw_watts:.0f} W; weight {now:.2f} -> {new:.2f} with its power, until its "
-            "readings show the clock it runs"
-        )
-        return ReplicaWeight(device_uuid, rack_id, new, now, new, PowerRouteReason.CAPPED, message)
+        message = f"{pool} on {device_uuid} ({rack_id}): {why}; weight {now:.2f} -> {new:.2f}"
+        return ReplicaWeight(device_uuid, rack_id, new, now, new, reason, message)
 
 
 def _equalising_factors(replicas: list[ReplicaServing], doubling_batch: float) -> dict[str, float]:

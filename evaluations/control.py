@@ -25,7 +25,8 @@ racks' limits at the best clock, knowing the slowdown and deferring batch
 work: :meth:`PoolPlant.oracle_load`, with what it could not carry waiting
 within the wait SLO until it drains), optional work served against the same
 oracle's (what that load leaves once the second's baseline and batch are in), breaker
-trips (a rack over its limit for ``trip_after_s``), the share of the seconds a
+trips (a rack over its limit for ``trip_after_s``: it goes dark, devices and hosts,
+until its feed is back and for at least ``DARK_S``), the share of the seconds a
 cap or low-clock mode held a device down that its own TPOT was over the SLO
 (what power-aware routing is for: the pool's p95 hides a few slow devices), actions (each controller
 step that changed something), actions per 300 s in oscillating segments (not
@@ -145,7 +146,10 @@ class Production:
     ) -> list[AcceleratorTelemetry | PduReading | ServingMetrics]:
         s, scn = plant.shape, self.scn
         events: list[AcceleratorTelemetry | PduReading | ServingMetrics] = []
+        dark = [plant.rack_of(i) in plant.tripped for i in range(s.devices)]
         for i in range(s.devices):
+            if dark[i]:
+                continue
             rack = f"rack-{plant.rack_of(i)}"
             events.append(AcceleratorTelemetry(
                 event_id=self._id(), observed_at=at, node_id=f"node-{i}", device_uuid=f"gpu-{i}",
@@ -168,6 +172,8 @@ class Production:
         waiting = sum(plant.queues.values()) / served  # the queue, per sequence running
         shares = plant.shares()
         for i in range(s.devices):
+            if dark[i]:
+                continue
             # a device's requests follow its share of the load; only the shares of optional
             # and batch work among them matter to the planner, and the replicas' weights
             requests = max(1, round(100 * shares[i]))
@@ -257,6 +263,8 @@ class Hpa:
         actions, racks = 0, sec.rack_watts
         s = plant.shape
         for rack in range(self.racks):
+            if rack in plant.tripped or racks[rack] <= 0:
+                continue  # dark (or was, this second): nothing to cap
             r = racks[rack] / (0.92 * limits[rack])
             if abs(r - 1) <= self.tolerance:
                 continue
@@ -313,6 +321,8 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     attainable = True  # this period, so far: the oracle's baseline within the SLO
     backlog = 0.0  # baseline the oracle could not carry yet, in load-seconds
     steps = int(scn.duration_s)
+    nominal = [p.breaker_ratio * p.nameplate_watts] * p.racks  # the limits with every feed up
+    tripped_at = [0] * p.racks
     period = max(1, round(scn.period_s))
     for t in range(steps):
         slow = scn.events_at(t, "slowdown")
@@ -341,9 +351,13 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
                     since = over_since[r] = float(t)
                 if t - since + 1 >= p.trip_after_s:
                     tally.trips += 1
-                    over_since[r] = None  # it tripped; count the next trip afresh
+                    plant.trip(r)  # dark until the feed is back and its hosts are up
+                    tripped_at[r] = t
+                    over_since[r] = None
             else:
                 over_since[r] = None
+            if r in plant.tripped and limits[r] >= nominal[r] and t - tripped_at[r] >= DARK_S:
+                plant.reset(r)
         acted = policy.power(t, sec, limits, plant)
         seconds.append(sec)
         if (t + 1) % period == 0:
@@ -361,6 +375,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     return tally
 
 
+DARK_S = 300  # a tripped rack's least time dark: a breaker reset, hosts booted, models loaded
 SETTLE_AFTER_EVENT_S = 120.0  # the capacity controller's stabilisation window
 
 
@@ -488,9 +503,10 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
         out[f"breaker_violations{suffix}"] = t.trips
         # what a capped device's own requests see (the pool's p95 hides a few of them)
         out[f"held_device_seconds{suffix}"] = t.held_device_s
-        out[f"held_device_over_slo_ratio{suffix}"] = (
-            round(t.held_over_slo_s / t.held_device_s, 4) if t.held_device_s else 0.0
-        )
+        if t.held_device_s:
+            out[f"held_device_over_slo_ratio{suffix}"] = round(
+                t.held_over_slo_s / t.held_device_s, 4
+            )
         out[f"over_limit_rack_seconds{suffix}"] = t.over_limit_s
         out[f"actions{suffix}"] = t.actions
         out[f"actions_per_300s_oscillation{suffix}"] = (

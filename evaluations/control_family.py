@@ -254,6 +254,7 @@ FIGURES = {
     "slo_shortfall_vs_oracle": False,
     "harvest_vs_oracle": True,
     "breaker_violations": False,
+    "held_device_over_slo_ratio": False,
     "actions_per_300s_oscillation": False,
     "reaction_periods_after_step": False,
     "reaction_periods_after_step_down": False,

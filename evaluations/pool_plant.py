@@ -20,7 +20,8 @@ while every device's batch is under the batch-size target (the TPOT guard's
 lever) and, with ``priority``, while the token time each measures on its
 running batch stays under ``admit_ratio`` of the SLO; the rest waits in a
 queue. A device draws ``idle + dyn * x_i * c_i`` watts, held under its cap by
-lowering its clock (the firmware's job).
+lowering its clock (the firmware's job). A rack whose breaker trips goes dark,
+hosts and devices, until its feed is back.
 
 Three classes of work arrive each second: baseline (the scenario's profile
 with noise), batch (deferrable) and optional (the capacity budget, a share of
@@ -89,6 +90,7 @@ class PoolPlant:
     caps: list[float] = field(default_factory=list)  # per device
     low_clock: list[bool] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)  # per device: the router's weight
+    tripped: set[int] = field(default_factory=set)  # racks whose breaker tripped: dark
     batch_target: int = 256
     slowdown: float = 1.0
     queues: dict[WorkClass, float] = field(default_factory=dict)
@@ -123,10 +125,13 @@ class PoolPlant:
     def shares(self) -> list[float]:
         """Each device's share of the pool's load (they sum to the device count): its
         weight times the clock the router saw it run at."""
-        raw = [w * c for w, c in zip(self.weights, self.routed_clocks, strict=True)]
+        raw = [
+            0.0 if self.rack_of(i) in self.tripped else w * c
+            for i, (w, c) in enumerate(zip(self.weights, self.routed_clocks, strict=True))
+        ]
         total = sum(raw)
-        if total <= 0:
-            return [1.0] * len(raw)
+        if total <= 0:  # every rack dark
+            return [0.0] * len(raw)
         return [len(raw) * r / total for r in raw]
 
     @property
@@ -192,11 +197,19 @@ class PoolPlant:
             q[WorkClass.OPTIONAL], self.optional_age_s = 0.0, 0.0
         x = sum(served.values())
         tpot = self._power_and_tpot(x)
-        racks = [s.host_watts_per_rack] * s.racks
+        racks = [0.0 if r in self.tripped else s.host_watts_per_rack for r in range(s.racks)]
         for i, w in enumerate(self.device_watts):
             racks[self.rack_of(i)] += w
         return Second(tpot, baseline_wait, optional_served, optional, served[WorkClass.BATCH],
                       racks, delay, load_ratio, baseline_ratio, x)  # fmt: skip
+
+    def trip(self, rack: int) -> None:
+        """The rack's breaker tripped: its hosts and devices are dark until it is reset."""
+        self.tripped.add(rack)
+
+    def reset(self, rack: int) -> None:
+        """The rack's feed is back and its breaker reset: its devices serve again."""
+        self.tripped.discard(rack)
 
     def settle(self, load: float) -> None:
         """Start as a pool that has been carrying load ``load`` (not one switched on cold)."""
@@ -221,6 +234,9 @@ class PoolPlant:
         self.x_last = load
         shares = self.shares()
         for i, share in enumerate(shares):
+            if self.rack_of(i) in self.tripped:
+                self.device_watts[i] = self.device_tpot_s[i] = self.device_batch[i] = 0.0
+                continue
             x_i = max(0.0, load) * share
             c = self.clocks[i] = self._device_clock(i, x_i)
             self.device_watts[i] = s.idle_watts + dyn * x_i * c

@@ -145,6 +145,7 @@ class ControlPlanner(ThrottleIssuer):
         self.global_budget = GlobalBudget(wiring.global_budget_devices)
         self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
         self.routing = PowerRouter(wiring.power_routing)
+        self.shed_period: dict[str, int] = {}  # rack -> the period it last shed load in
 
     def _rooms(self) -> dict[str, float]:
         return {name: pool.room_replicas for name, pool in self.pools.items()}
@@ -167,7 +168,7 @@ class ControlPlanner(ThrottleIssuer):
 
     def pdu(self, reading: PduReading) -> list[ControlOutput]:
         out = self.power.pdu(reading)
-        return out + self._route_caps(out)
+        return out + self._route_caps(out) + self._route_short(reading)
 
     def serving(self, metrics: AnyServingSample) -> list[ControlOutput]:
         pool = self.pools.get(metrics.pool)
@@ -278,6 +279,25 @@ class ControlPlanner(ThrottleIssuer):
                 out.append(self._weight_output(at, device.pool, w))
         return out
 
+    def _route_short(self, reading: PduReading) -> list[ControlOutput]:
+        """A rack left over its limit with every lever spent: its held replicas shed the
+        share their pools' draw there is over, at once, once a control period."""
+        rack_id, period = reading.rack_id, self._period(reading.observed_at)
+        if rack_id not in self.power.short or self.shed_period.get(rack_id) == period:
+            return []
+        self.shed_period[rack_id] = period
+        out = []
+        for u in self.power.rack_devices.get(rack_id, ()):
+            pool = self.power.devices[u].pool
+            if pool is None or not self.power.holds(u):
+                continue
+            change = self.routing.shed(
+                pool, u, rack_id, over_ratio=self.power.over_ratio(rack_id, pool)
+            )
+            if change is not None:
+                out.append(self._weight_output(reading.observed_at, pool, change))
+        return out
+
     def _weight_output(self, at: datetime, pool: str, change: ReplicaWeight) -> ControlOutput:
         rack = change.rack_id or None
         return self._output(
@@ -303,7 +323,7 @@ class ControlPlanner(ThrottleIssuer):
                 r.device_uuid, rack_id, unit_tpot_s=r.unit_tpot_s / n,
                 batch=(r.work - r.queue) / r.reports, tpot_s=r.tpot_s / n,
                 held=self.power.holds(r.device_uuid),
-                over_ratio=self.power.over_ratio(rack_id, name), model=r.model,
+                at_floor=self.power.at_floor(r.device_uuid), model=r.model,
             )  # fmt: skip
         for u in self.routing.weighted(name):
             if u not in seen:  # weighted down, and silent this period

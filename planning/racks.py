@@ -120,6 +120,11 @@ class RackPlanner(ThrottleIssuer):
         d = self.devices.get(device_uuid)
         return d is not None and (d.low_clock or d.cap_watts < d.default_watts - 0.5)
 
+    def at_floor(self, device_uuid: str) -> bool:
+        """Whether the device's cap is at its driver's floor: no power lever left on it."""
+        d = self.devices.get(device_uuid)
+        return d is not None and d.min_watts is not None and d.cap_watts <= d.min_watts + 0.5
+
     def over_ratio(self, rack_id: str, pool: str) -> float:
         """What the rack's last plan left it over its limit with every lever spent, as a
         share of what ``pool``'s devices on it draw (0: not over, or none of them there)."""

@@ -101,20 +101,23 @@ def test_a_cap_under_the_draw_cuts_the_weight_in_proportion_at_once() -> None:
     assert w is not None and w.weight == pytest.approx(0.1)
 
 
-def test_a_rack_over_its_limit_with_every_lever_spent_sheds_load_off_its_replicas() -> None:
+def test_a_rack_over_its_limit_with_every_lever_spent_sheds_load_and_never_takes_it_back(
+) -> None:  # fmt: skip
+    router = PowerRouter(PowerRoutingConfig())
+    w = router.shed("pool", "gpu-0", "rack-0", over_ratio=0.2)
+    assert w is not None and w.reason is PowerRouteReason.OVER_LIMIT
+    assert w.weight == pytest.approx(0.8) and "over its limit" in w.message
+    again = router.shed("pool", "gpu-0", "rack-0", over_ratio=0.9)  # at most half, once
+    assert again is not None and again.weight == pytest.approx(0.4)
+    # at the driver's floor its weight does not rise, however fast its tokens now are
     taus = {f"gpu-{i}": TAU_S for i in range(4)}
     total = 4 * 0.5 * DOUBLING / TAU_S
-    router = PowerRouter(PowerRoutingConfig())
     replicas = [
         ReplicaServing(r.device_uuid, r.rack_id, r.unit_tpot_s, r.batch, r.tpot_s,
-                       held=r.device_uuid == "gpu-0",
-                       over_ratio=0.2 if r.device_uuid == "gpu-0" else 0.0)
-        for r in _period(taus, dict.fromkeys(taus, 1.0), total, set())
+                       held=r.device_uuid == "gpu-0", at_floor=r.device_uuid == "gpu-0")
+        for r in _period(taus, {**dict.fromkeys(taus, 1.0), "gpu-0": 0.4}, total, set())
     ]  # fmt: skip
-    (w,) = router.step("pool", replicas, doubling_batch=DOUBLING)
-    # level with its peers, so only the watts it is over move it: 20% of its share
-    assert w.device_uuid == "gpu-0" and w.reason is PowerRouteReason.OVER_LIMIT
-    assert w.weight == pytest.approx(0.8) and "over its limit" in w.message
+    assert router.step("pool", replicas, doubling_batch=DOUBLING) == []
 
 
 def test_nothing_moves_when_disabled_or_when_no_cap_holds_a_replica() -> None:
