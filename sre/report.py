@@ -46,7 +46,8 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("isolated", "What was isolated, and why", ("devices_by_verdict", "device_timeline")),
     ("commands", "Commands and results",
      ("commands_by_outcome", "command_latency", "decisions_by_reason")),
-    ("control", "Capacity and power", ("capacity_control", "power_headroom", "batch_moves")),
+    ("control", "Capacity and power",
+     ("capacity_control", "power_headroom", "batch_moves", "power_routing")),
     ("demand", "Demand and warming", ("cold_starts", "forecast_error")),
     ("dead", "Dead letters", ("dead_letters",)),
 )  # fmt: skip

@@ -212,6 +212,16 @@ def test_batch_moves(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     assert move["back_at"] is not None and move["away_s"] == pytest.approx(50.0, abs=1.0)
 
 
+def test_power_routing(seeded: tuple[ClickHouseStore, Seeded]) -> None:
+    # the tripped rack's feed: its capped replicas weighted down (advisory here: no keys)
+    rows = ask(seeded[0], "power_routing")
+    assert rows, "the capped rack's replicas were weighted down"
+    assert all(0.1 <= r["lowest_weight"] < 1.0 and r["changes"] >= 1 for r in rows)
+    assert all(r["last_reason"] in {"device_capped", "rack_over_limit", "caps_lifted"}
+               for r in rows)  # fmt: skip
+    assert all(r["rack_id"] and r["device_uuid"] in r["last_message"] for r in rows)
+
+
 def test_dead_letters_by_topic_and_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     rows = {(r["source_topic"], r["error_kind"]): r for r in ask(seeded[0], "dead_letters")}
     assert set(rows) == {
