@@ -162,8 +162,8 @@ class PowerRouter:
             factor = factors.get(r.device_uuid)
             # nothing known of it this period, or its TPOT with its peers': nothing to correct
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
-            if level or factor is None:
-                desired = now
+            if level or factor is None or reference <= 0:
+                desired = now  # (no reference: the free replicas could take nothing more)
             else:
                 ratio = factor / reference
                 # a held device's clock falls as its load rises: a rise takes half the step

@@ -131,6 +131,14 @@ def test_nothing_moves_when_disabled_or_when_no_cap_holds_a_replica() -> None:
     assert _run(PowerRouter(PowerRoutingConfig()), slow, set(), 4, total)[1] == [0, 0, 0, 0]
 
 
+def test_a_held_replica_faster_than_its_free_peers_is_left_alone() -> None:
+    # a capped device that still out-runs its peers (one of them grey, say): the model would
+    # give the free replicas nothing; no weight moves, and nothing divides by zero
+    taus = {"gpu-0": TAU_S / 50, "gpu-1": TAU_S * 5}
+    replicas = _period(taus, dict.fromkeys(taus, 1.0), 0.05 * DOUBLING / TAU_S, {"gpu-0"})
+    assert PowerRouter(PowerRoutingConfig()).step("pool", replicas, doubling_batch=DOUBLING) == []
+
+
 @pytest.mark.parametrize(
     "given",
     [{"min_weight": 0.0}, {"tolerance": 1.0}, {"max_rise_ratio": 1.0}, {"gain": 0.0},
