@@ -95,12 +95,10 @@ class PoolPlant:
     slowdown: float = 1.0
     queues: dict[WorkClass, float] = field(default_factory=dict)
     optional_age_s: float = 0.0
-    clocks: list[float] = field(default_factory=list)
     device_watts: list[float] = field(default_factory=list)
     device_tpot_s: list[float] = field(default_factory=list)  # last second's, per device
     device_batch: list[float] = field(default_factory=list)
     routed_clocks: list[float] = field(default_factory=list)  # what the router balances by
-    x_last: float = 0.0
     rng: random.Random = field(init=False)
     shedder: LoadShedder = field(init=False)
 
@@ -109,7 +107,6 @@ class PoolPlant:
         self.caps = self.caps or [self.shape.max_watts] * n
         self.low_clock = self.low_clock or [False] * n
         self.weights = self.weights or [1.0] * n
-        self.clocks = [1.0] * n
         self.routed_clocks = [1.0] * n
         self.device_watts = [self.shape.idle_watts] * n
         self.device_tpot_s = [self.shape.tpot_base_s] * n
@@ -133,11 +130,6 @@ class PoolPlant:
         if total <= 0:  # every rack dark
             return [0.0] * len(raw)
         return [len(raw) * r / total for r in raw]
-
-    @property
-    def batch_in_use(self) -> int:
-        """The largest batch a device ran in the last second (Little's law)."""
-        return round(max(self.device_batch))
 
     def admission_cap(self) -> float:
         """Load (nominal units) the router admits: where the first device reaches the batch
@@ -231,14 +223,13 @@ class PoolPlant:
         pool's TPOT: the device TPOT that 95% of the load is served within."""
         s = self.shape
         dyn = s.max_watts - s.idle_watts
-        self.x_last = load
         shares = self.shares()
         for i, share in enumerate(shares):
             if self.rack_of(i) in self.tripped:
                 self.device_watts[i] = self.device_tpot_s[i] = self.device_batch[i] = 0.0
                 continue
             x_i = max(0.0, load) * share
-            c = self.clocks[i] = self._device_clock(i, x_i)
+            c = self._device_clock(i, x_i)
             self.device_watts[i] = s.idle_watts + dyn * x_i * c
             busy = min(0.999, x_i * self.slowdown / c)
             self.device_tpot_s[i] = (

@@ -22,6 +22,7 @@ import pytest
 from fleetloop.kafka_broker import BrokerError, LocalKafkaBroker, free_port
 from fleetloop.settings import REPO_ROOT, BrokerSettings
 from fleetloop.topics_admin import ensure_topics
+from tests.factories import COMMAND_KEYS_SETTING
 from tests.integration.sim_proc import SimProcess
 from tests.integration.worker_proc import WorkerProcess
 
@@ -109,6 +110,29 @@ def run_loop(
     finally:
         sim.stop()
         worker.stop()
+
+
+def run_signed_scenario(
+    bootstrap: str,
+    prefix: str,
+    home: Path,
+    scenario_yaml: str,
+    *,
+    worker_extra: tuple[str, ...] = (),
+    speed: float = 2.0,
+) -> Iterator[tuple[SimProcess, WorkerProcess]]:
+    """:func:`run_loop` on a scenario given as YAML, the worker signing its commands."""
+    scenario = home / "scenario.yaml"
+    scenario.write_text(scenario_yaml)
+    yield from run_loop(
+        bootstrap,
+        prefix,
+        home,
+        worker_extra=worker_extra,
+        worker_env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
+        scenario=scenario,
+        speed=speed,
+    )
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import COMMAND_KEYS_SETTING
-from tests.integration.conftest import run_loop
+from tests.integration.conftest import run_signed_scenario
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess
 
@@ -45,16 +44,12 @@ POOL, RACK = "us-east-h100", "rack-0000"
 def control_loop(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(SCENARIO)
-    yield from run_loop(
+    yield from run_signed_scenario(
         kafka_bootstrap,
         topic_prefix,
         tmp_path,
+        SCENARIO,
         worker_extra=("--control.tpot-slo-s", str(SLO_S)),
-        worker_env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
-        scenario=scenario,
-        speed=2.0,
     )
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import COMMAND_KEYS_SETTING
-from tests.integration.conftest import run_loop
+from tests.integration.conftest import run_signed_scenario
 from tests.integration.sim_proc import SimProcess, until
 from tests.integration.worker_proc import WorkerProcess
 
@@ -41,16 +40,7 @@ GREYS, DBE = ("node-00000-gpu2", "node-00000-gpu6"), "node-00002-gpu5"
 def health_loop(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(SCENARIO)
-    yield from run_loop(
-        kafka_bootstrap,
-        topic_prefix,
-        tmp_path,
-        worker_env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
-        scenario=scenario,
-        speed=2.0,
-    )
+    yield from run_signed_scenario(kafka_bootstrap, topic_prefix, tmp_path, SCENARIO)
 
 
 def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
