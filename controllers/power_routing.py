@@ -25,7 +25,8 @@ When the power side caps a device under its draw, its weight falls at once in
 proportion (the cap over the draw): a device capped to its floor at its old
 share would breach within seconds. Then once a period, per pool: a held
 replica whose TPOT is more than ``tolerance`` off its peers' (a reading's
-noise moves nothing) takes ``gain`` of the model's step (in ratio: a capped
+noise moves nothing) takes ``gain`` of the model's step, when the whole step
+is more than ``tolerance`` too (a sliver a period is an action a period) (in ratio: a capped
 device's clock rises as its load falls, so the whole step overshoots; a rise
 takes half that, as the clock falls again when load comes back); weights fall
 at once (a held replica breaches now), rise at most ``max_rise_ratio`` a
@@ -162,10 +163,15 @@ class PowerRouter:
             factor = factors.get(r.device_uuid)
             # nothing known of it this period, or its TPOT with its peers': nothing to correct
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
+            worth = True
             if level or factor is None or reference <= 0:
                 desired = now  # (no reference: the free replicas could take nothing more)
             else:
                 ratio = factor / reference
+                # a correction under the tolerance moves its TPOT by less than the noise the
+                # tolerance forgives: not worth an action (an oscillating load would send
+                # one every period)
+                worth = ratio <= 0 or abs(math.log(ratio)) >= math.log1p(c.tolerance)
                 # a held device's clock falls as its load rises: a rise takes half the step
                 gain = c.gain / 2 if ratio > 1 else c.gain
                 desired = min(1.0, now * ratio**gain)
@@ -175,7 +181,9 @@ class PowerRouter:
             elif r.at_floor:
                 desired = min(desired, now)
             new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
-            if (new == 1.0 and now < 1.0) or abs(new - now) >= STEP:
+            # and the damped step itself at least half that
+            worth = worth and abs(math.log(new / now)) >= math.log1p(c.tolerance / 2)
+            if (new == 1.0 and now < 1.0) or (worth and abs(new - now) >= STEP):
                 self.weights[(pool, r.device_uuid)] = new
                 message = _message(pool, r, peer_tpot, now, new, reason)
                 out.append(ReplicaWeight(r.device_uuid, r.rack_id, new, now, desired, reason,

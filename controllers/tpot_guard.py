@@ -9,15 +9,23 @@ spike moves nothing; a step does by the second period):
   itself (multiplicative: fast), at most once per ``cooldown_periods``, but
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
-  cost throughput for nothing (``not_batch_bound``);
+  cost throughput for nothing (``not_batch_bound``); nor while baseline work
+  (no optional work is admitted) waits behind the cap and the TPOT trend is
+  still within the SLO: the pool is load-bound, and a smaller cap would serve
+  fewer sequences at once, turning a TPOT that meets its SLO into a queue
+  that does not (``queue_bound``; the router's admission keeps the token time
+  under the SLO);
 - below ``low_ratio`` for ``hold_periods`` periods in a row (each reading,
   not the trend: raising is the risky direction): it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
 - with work waiting while the cap binds (its queue is part of the latency a
   user sees, the time to first token): it rises by ``increase_step`` each
   period while the TPOT predicted at the higher cap stays under
-  ``high_ratio`` (TPOT grows as ``1 + batch / doubling_batch``, the model the
-  planner sizes its room with), whatever the band says: a cap cut for a
+  ``high_ratio`` less ``waiting_margin`` (so a raise never sets up the next
+  cut: with no gap the two make a limit cycle; up to ``high_ratio`` when what
+  waits is baseline work, which no cut follows; TPOT grows as ``1 + batch /
+  doubling_batch``, the model the planner sizes its room with), whatever the
+  band says: a cap cut for a
   slowdown that has passed must not hold baseline work in the queue;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
@@ -41,6 +49,7 @@ class BatchReason(StrEnum):
     TPOT_LOW = "tpot_low"
     WORK_WAITING = "work_waiting"  # raised: work queues behind the cap, TPOT has room
     NOT_BATCH_BOUND = "not_batch_bound"
+    QUEUE_BOUND = "queue_bound"  # held: work waits behind the cap, TPOT within the SLO
     HOLD = "hold"
     INVALID_INPUT = "invalid_input"
 
@@ -51,6 +60,8 @@ class TpotGuardConfig:
     min_batch: int = 8
     high_ratio: float = 0.95
     low_ratio: float = 0.75
+    # raised for waiting work while the TPOT predicted stays this far under high_ratio
+    waiting_margin: float = 0.05
     decrease_factor: float = 0.8
     increase_step: int = 16
     hold_periods: int = 3
@@ -63,6 +74,8 @@ class TpotGuardConfig:
             raise ValueError("1 <= min_batch <= max_batch")
         if not 0 < self.low_ratio < self.high_ratio:
             raise ValueError("0 < low_ratio < high_ratio: the gap is the hysteresis")
+        if not 0 < self.waiting_margin < self.high_ratio:
+            raise ValueError("0 < waiting_margin < high_ratio: a raise must not invite a cut")
         if not 0 < self.decrease_factor < 1 or self.increase_step < 1:
             raise ValueError("decrease_factor in (0, 1), increase_step >= 1")
         if self.trend_window < 1:
@@ -95,9 +108,11 @@ class TpotGuard:
         slo_s: float,
         batch_in_use: int | None = None,
         waiting: bool = False,
+        mandatory: bool = False,
     ) -> BatchDecision:
         """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
-        taken as binding); ``waiting``, whether work queued behind it."""
+        taken as binding); ``waiting``, whether work queued behind it; ``mandatory``,
+        whether that work is baseline (no optional work was admitted)."""
         c, before = self.config, self.target
         self.since_cut += 1
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
@@ -113,6 +128,11 @@ class TpotGuard:
                 return BatchDecision(before, before, BatchReason.NOT_BATCH_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO at batch {batch_in_use}: "
                                      f"a cap of {cut} would not change it")  # fmt: skip
+            if waiting and mandatory and trend <= 1.0:
+                return BatchDecision(before, before, BatchReason.QUEUE_BOUND,
+                                     f"TPOT at {ratio:.2f} of the SLO with work waiting behind "
+                                     f"a cap of {before}: a smaller one would only lengthen "
+                                     "the queue")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
                 self.target = cut
                 self.since_cut = 0
@@ -127,7 +147,10 @@ class TpotGuard:
             self.low_streak = 0
             raised = min(c.max_batch, self.target + c.increase_step)
             grow = (1 + raised / c.doubling_batch) / (1 + self.target / c.doubling_batch)
-            if max(ratio, trend) * grow < c.high_ratio:
+            # baseline waiting (no optional work admitted): no cut follows (queue_bound),
+            # so up to the cut's own mark
+            mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
+            if max(ratio, trend) * grow < mark:
                 self.target = raised
                 return BatchDecision(self.target, before, BatchReason.WORK_WAITING,
                                      f"work waits behind a cap of {before} with TPOT at "

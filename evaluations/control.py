@@ -24,12 +24,15 @@ every second's baseline the pool could have carried within the SLO and the
 racks' limits at the best clock, knowing the slowdown and deferring batch
 work: :meth:`PoolPlant.oracle_load`, with what it could not carry waiting
 within the wait SLO until it drains), optional work served against the same
-oracle's (what that load leaves once the second's baseline and batch are in), breaker
+oracle's (what that load leaves once the second's baseline, the baseline it let wait
+and the batch work it deferred are served: deferred work is owed, not dropped), breaker
 trips (a rack over its limit for ``trip_after_s``: it goes dark, devices and hosts,
 until its feed is back and for at least ``DARK_S``), the share of the seconds a
 cap or low-clock mode held a device down that its own TPOT was over the SLO
-(what power-aware routing is for: the pool's p95 hides a few slow devices), actions (each controller
-step that changed something), actions per 300 s in oscillating segments (not
+(what power-aware routing is for: the pool's p95 hides a few slow devices), actions (each
+second, each controller that changed something on a rack or a pool: the caps or weights
+it sets on one rack's devices together are one action, as HPA's rack rule is one),
+actions per 300 s in oscillating segments (not
 while an event is on, nor for a stabilisation window after it), and
 after each step segment: periods to the first action, to settle within 5% of
 the budget it ends at, and the overshoot past it; after each slowdown: periods
@@ -134,7 +137,13 @@ class Production:
         outputs = []
         for event in self._telemetry(t, EPOCH + timedelta(seconds=t), sec, limits, plant):
             outputs += self.planner.feed(event)
-        acted = {(o.decision.controller, o.decision.target) for o in outputs if o.command}
+        # one action: a controller's change to one rack or pool in one second (the caps or
+        # weights it sets on a rack's devices together are one step, as HPA's rack rule is)
+        acted = {
+            (o.decision.controller, o.command.target.rack_id or o.command.target.pool)
+            for o in outputs
+            if o.command
+        }
         for o in outputs:
             self.decisions[f"{o.decision.controller}/{o.decision.reason}"] += 1
             if o.command is not None:
@@ -319,7 +328,7 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     over_since: list[float | None] = [None] * p.racks
     seconds: list[Second] = []
     attainable = True  # this period, so far: the oracle's baseline within the SLO
-    backlog = 0.0  # baseline the oracle could not carry yet, in load-seconds
+    ledger = OracleLedger()
     steps = int(scn.duration_s)
     nominal = [p.breaker_ratio * p.nameplate_watts] * p.racks  # the limits with every feed up
     tripped_at = [0] * p.racks
@@ -333,11 +342,8 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         sec = plant.step(baseline=baseline, batch=batch, optional_share=policy.budget)
         limits = scn.limits_at(t)
         best = plant.oracle_load(limits)
-        tally.oracle += max(0.0, best - baseline - scn.batch_level)
-        # the oracle's own backlog: baseline it could not carry waits, and drains only as
-        # fast as what it can carry leaves spare (a slowdown's queue outlasts it)
-        backlog = max(0.0, backlog + baseline - best)
-        attainable = attainable and backlog <= p.wait_slo_s * best
+        tally.oracle += ledger.second(best, baseline, scn.batch_level)
+        attainable = attainable and ledger.backlog <= p.wait_slo_s * best
         tally.harvested += sec.optional_served
         for i, tpot in enumerate(plant.device_tpot_s):
             if plant.low_clock[i] or plant.caps[i] < p.max_watts - 0.5:  # held down
@@ -373,6 +379,26 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     if isinstance(policy, Production):
         tally.decisions = dict(sorted(policy.decisions.items()))
     return tally
+
+
+@dataclass(slots=True)
+class OracleLedger:
+    """What the oracle carries, second by second, in load units: the baseline first (what
+    it cannot carry waits, and drains only as fast as what it can carry leaves spare: a
+    slowdown's queue outlasts it), then the batch work it deferred (owed, not dropped),
+    and what is left is room for optional work."""
+
+    backlog: float = 0.0  # baseline it could not carry yet, in load-seconds
+    batch_owed: float = 0.0  # batch work it deferred and has not served yet, the same
+
+    def second(self, best: float, baseline: float, batch: float) -> float:
+        """One second carrying at most ``best``: the optional work there was room for."""
+        carried = min(best, self.backlog + baseline)
+        self.backlog += baseline - carried
+        self.batch_owed += batch
+        paid = min(self.batch_owed, best - carried)
+        self.batch_owed -= paid
+        return best - carried - paid
 
 
 DARK_S = 300  # a tripped rack's least time dark: a breaker reset, hosts booted, models loaded

@@ -49,6 +49,7 @@ from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 NOTEWORTHY = {
     CapacityReason.POWER_LIMIT,
     CapacityReason.SLO_BREACH,
+    CapacityReason.SLO_READING,
     CapacityReason.STALE_INPUT,
     CapacityReason.INVALID_INPUT,
     CapacityReason.GLOBAL_BUDGET,
@@ -254,8 +255,9 @@ class ControlPlanner(ThrottleIssuer):
         # work waiting on average over the period, on a replica whose cap binds
         waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
         b = pool.guard.step(
-            tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting
-        )
+            tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
+            mandatory=before == 0.0,  # no optional work was admitted: what waits is baseline
+        )  # fmt: skip
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW, BatchReason.WORK_WAITING):
             out.append(self._output(
                 end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,

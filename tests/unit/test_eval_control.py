@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.control import OracleLedger
 from evaluations.control_family import draw_control_scenario, load_control_family
 from fleetloop.cli import main
 
@@ -142,3 +143,19 @@ def test_capped_devices_keep_the_slo_only_with_power_aware_routing(
     assert said.get("power_routing/caps_lifted", 0) > 0
     assert routed["replicas_weighted_at_end"] == 0
     assert not any(k.startswith("power_routing/") for k in plain["decisions"])
+
+
+def test_the_oracle_owes_what_it_deferred_before_it_counts_room_for_optional_work() -> None:
+    ledger = OracleLedger()
+    # room for 0.6: 0.5 of baseline and 0.05 of batch leave 0.05 for optional work
+    assert ledger.second(0.6, 0.5, 0.05) == pytest.approx(0.05)
+    # a slowdown: it carries 0.4 of 0.5, and defers the batch work
+    for _ in range(10):
+        assert ledger.second(0.4, 0.5, 0.05) == 0.0
+    assert ledger.backlog == pytest.approx(1.0) and ledger.batch_owed == pytest.approx(0.5)
+    # back to 0.6: the baseline that waited drains first, then the batch work owed; only
+    # then is there room for optional work again
+    # (10 s at 0.1 a second for the baseline, 20 s at 0.05 net for the batch work)
+    room = [ledger.second(0.6, 0.5, 0.05) for _ in range(60)]
+    assert room[:29] == [0.0] * 29 and room[-1] == pytest.approx(0.05)
+    assert sum(room) == pytest.approx(60 * 0.05 - 1.0 - 0.5)
