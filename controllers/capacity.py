@@ -12,12 +12,7 @@ not optional):
    for latency, ``load_setpoint_ratio`` for load);
 2. **breach**: a latency trend above 1 sets the budget to zero at once, with
    the integral unwound: baseline work never waits for optional work (load
-   alone only steers the PID: the router sheds in the meantime). One reading
-   over the SLO, before the trend shows it, stops optional work for a period
-   (``slo_reading``: a slowdown is answered within one period), keeping what
-   the PID learned; if the next reading is back within the SLO it was a
-   spike, and the budget comes back at once (``reading_passed``), not through
-   the stabilisation window;
+   alone only steers the PID: the router sheds in the meantime);
 3. **stale**: after ``stale_after_s`` without a fresh measurement the budget
    goes back to ``stale_budget_ratio``, linearly over ``stale_decay_s`` (a blip
    costs little, an outage gives it all back), keeping what the PID learned; a
@@ -66,8 +61,6 @@ class CapacityReason(StrEnum):
     TRACKING = "tracking"  # the PID moved the budget
     HOLD = "hold"  # in the deadband, or nothing to change
     SLO_BREACH = "slo_breach"  # the latency trend is over the SLO: budget to zero
-    SLO_READING = "slo_reading"  # one reading over the SLO: budget to zero for now
-    READING_PASSED = "reading_passed"  # the next was within it: the budget back at once
     STALE_INPUT = "stale_input"  # no fresh latency: the budget given back
     INVALID_INPUT = "invalid_input"  # NaN or inf latency: held
     WITHIN_TOLERANCE = "within_tolerance"
@@ -150,7 +143,6 @@ class CapacityController:
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
-        self.paused_from: float | None = None  # the budget one reading over the SLO stopped
 
     def step(
         self,
@@ -177,7 +169,6 @@ class CapacityController:
         # both on the latency's scale: the load's distance past its own setpoint
         load = median(q for _, q in self.recent) - c.load_setpoint_ratio + c.setpoint_ratio
         trend = max(latency, load)
-        paused, self.paused_from = self.paused_from, None
         if latency > 1.0:
             self.state = PidState(integral=-self.pid.bias, last_measurement=trend, last_at=now)
             self.budget = 0.0
@@ -185,21 +176,6 @@ class CapacityController:
                 0.0, 0.0, CapacityReason.SLO_BREACH,
                 f"latency at {trend:.2f} of the SLO: optional work stopped", trend_ratio=trend,
             )  # fmt: skip
-        if latency_ratio > 1.0 and (self.budget > 0 or paused is not None):
-            # over the SLO this period, not yet in the trend: a slowdown, or a spike. Stop
-            # optional work now; the next reading says which it was
-            self.paused_from = self.budget if paused is None else paused
-            self.budget = 0.0
-            return CapacityDecision(
-                0.0, 0.0, CapacityReason.SLO_READING,
-                f"latency at {latency_ratio:.2f} of the SLO this period: optional work "
-                f"stopped until the next reading (budget was {self.paused_from:.3f})",
-                trend_ratio=trend,
-            )  # fmt: skip
-        if paused is not None:
-            # the reading over the SLO was not repeated: a spike. The budget it stopped comes
-            # back at once (the stages below pace only what the PID adds to it)
-            self.budget = paused
         pid = self.pid
         if baseline_ratio is not None and math.isfinite(baseline_ratio):
             # feedforward: what the load setpoint leaves once baseline work is in; the PID
@@ -248,8 +224,6 @@ class CapacityController:
         )
         if s.reason is PidReason.IN_DEADBAND and not changed:
             reason = CapacityReason.HOLD
-        if paused is not None and reason in (CapacityReason.HOLD, CapacityReason.WITHIN_TOLERANCE):
-            reason = CapacityReason.READING_PASSED
         self.budget = applied
         return CapacityDecision(
             s.output, applied, reason,
@@ -345,7 +319,6 @@ class CapacityController:
         left = max(0.0, 1.0 - blind_s / c.stale_decay_s) if c.stale_decay_s > 0 else 0.0
         floor = min(was, c.stale_budget_ratio)
         self.budget = floor + (was - floor) * left
-        self.paused_from = None  # blind: what a reading stopped is not owed back
         self.recent.clear()
         self.baselines.clear()
         self.levels.clear()

@@ -34,7 +34,9 @@ second, each controller that changed something on a rack or a pool: the caps or 
 it sets on one rack's devices together are one action, as HPA's rack rule is one),
 actions per 300 s in oscillating segments (not
 while an event is on, nor for a stabilisation window after it), and
-after each step segment: periods to the first action, to settle within 5% of
+after each step segment (each budget counted at the time it was decided: the
+planner's, as it closes a period at the next period's first event): periods to
+the first action, to settle within 5% of
 the budget it ends at, and the overshoot past it; after each slowdown: periods
 until optional work and the batch cap were cut (the TPOT guard cuts the cap
 only past 0.95 of the SLO: "never" where TPOT stayed under it), and periods
@@ -436,7 +438,11 @@ def _end_period(
     elif spikes := scn.events_at(now, "spike"):
         reading = Reading(tpot * spikes[0].factor, load, base, noise)
     acted = policy.period(now, reading, plant)
-    tally.budgets.append((now, policy.budget))
+    # each budget at the time it was decided: the static and HPA policies decide as the
+    # period ends; the planner closes a period at the first event of the next, and what it
+    # decided at the start of this period is what ran through it
+    decided = now - max(1, round(scn.period_s)) if isinstance(policy, Production) else now
+    tally.budgets.append((decided, policy.budget))
     return acted
 
 

@@ -49,7 +49,6 @@ from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 NOTEWORTHY = {
     CapacityReason.POWER_LIMIT,
     CapacityReason.SLO_BREACH,
-    CapacityReason.SLO_READING,
     CapacityReason.STALE_INPUT,
     CapacityReason.INVALID_INPUT,
     CapacityReason.GLOBAL_BUDGET,

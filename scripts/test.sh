@@ -16,7 +16,7 @@ echo "[test] import contracts"
 
 echo "[test] pytest"
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider -ra "$@"
+.venv/bin/python -m pytest -p no:cacheprovider -ra --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
