@@ -54,7 +54,7 @@ def test_the_slo_and_harvest_targets_hold_on_the_production_assembly(
 
 OSCILLATION_OPEN = pytest.mark.xfail(
     strict=True,
-    reason="the production planner acts 1.25 (shifts) and 1.2 (holdout) times per 300 s in "
+    reason="the production planner acts 1.25 (shifts) and 1.4 (holdout) times per 300 s in "
     "their +-5% oscillation segments, where the target is <= 1: the budget follows the "
     "level the segment starts at, and then some of the oscillation's peaks. Open: issue 19",
 )
