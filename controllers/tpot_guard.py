@@ -9,12 +9,12 @@ spike moves nothing; a step does by the second period):
   itself (multiplicative: fast), at most once per ``cooldown_periods``, but
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
-  cost throughput for nothing (``not_batch_bound``); nor while baseline work
-  (no optional work is admitted) waits behind the cap and the TPOT trend is
-  still within the SLO: the pool is load-bound, and a smaller cap would serve
-  fewer sequences at once, turning a TPOT that meets its SLO into a queue
-  that does not (``queue_bound``; the router's admission keeps the token time
-  under the SLO);
+  cost throughput for nothing (``not_batch_bound``); nor while mandatory work
+  (baseline or batch: no optional work is admitted) waits behind the cap and
+  the TPOT trend is still within the SLO: the pool is load-bound, and a
+  smaller cap would serve fewer sequences at once, turning a TPOT that meets
+  its SLO into a queue that does not (``queue_bound``; the router's admission
+  keeps the token time under the SLO);
 - below ``low_ratio`` for ``hold_periods`` periods in a row (each reading,
   not the trend: raising is the risky direction): it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
@@ -23,7 +23,7 @@ spike moves nothing; a step does by the second period):
   period while the TPOT predicted at the higher cap stays under
   ``high_ratio`` less ``waiting_margin`` (so a raise never sets up the next
   cut: with no gap the two make a limit cycle; up to ``high_ratio`` when what
-  waits is baseline work, which no cut follows; TPOT grows as ``1 + batch /
+  waits is mandatory work, which no cut follows; TPOT grows as ``1 + batch /
   doubling_batch``, the model the planner sizes its room with), whatever the
   band says: a cap cut for a
   slowdown that has passed must not hold baseline work in the queue;
@@ -112,7 +112,7 @@ class TpotGuard:
     ) -> BatchDecision:
         """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
         taken as binding); ``waiting``, whether work queued behind it; ``mandatory``,
-        whether that work is baseline (no optional work was admitted)."""
+        whether that work is mandatory, baseline or batch (no optional work was admitted)."""
         c, before = self.config, self.target
         self.since_cut += 1
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
@@ -147,7 +147,7 @@ class TpotGuard:
             self.low_streak = 0
             raised = min(c.max_batch, self.target + c.increase_step)
             grow = (1 + raised / c.doubling_batch) / (1 + self.target / c.doubling_batch)
-            # baseline waiting (no optional work admitted): no cut follows (queue_bound),
+            # mandatory work waiting (no optional work admitted): no cut follows (queue_bound),
             # so up to the cut's own mark
             mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
             if max(ratio, trend) * grow < mark:

@@ -255,7 +255,7 @@ class ControlPlanner(ThrottleIssuer):
         waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
         b = pool.guard.step(
             tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
-            mandatory=before == 0.0,  # no optional work was admitted: what waits is baseline
+            mandatory=before == 0.0,  # no optional work admitted: what waits is mandatory
         )  # fmt: skip
         if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW, BatchReason.WORK_WAITING):
             out.append(self._output(
