@@ -26,9 +26,10 @@ not optional):
    ``ramp_fit`` of the window's variance, is sized for that line now plus
    twice its residual spread, and restarts the window too), plus a PID
    (:mod:`controllers.pid`) on ``setpoint_ratio - trend`` for what that
-   misses (without a baseline ratio, the PID alone). Then a
-   tolerance (increases under ``tolerance_ratio``, cuts under
-   ``tolerance_floor`` are noise), a stabilisation window on increases, a
+   misses (without a baseline ratio, the PID alone). Then a stabilisation
+   window on increases, a tolerance after it (increases under
+   ``tolerance_ratio``, cuts under ``tolerance_floor`` are noise: a rise the
+   window lets through by a sliver waits until it is worth an action), a
    rate limit and the clamps (:mod:`controllers.stages`) decide what applies.
 
 The budget is a share of the pool's capacity for optional work. :func:`split_levers`
