@@ -25,10 +25,11 @@ When the power side caps a device under its draw, its weight falls at once in
 proportion (the cap over the draw): a device capped to its floor at its old
 share would breach within seconds. Then once a period, per pool: a held
 replica whose TPOT is more than ``tolerance`` off its peers' (a reading's
-noise moves nothing) takes ``gain`` of the model's step, when the whole step
-is more than ``tolerance`` too (a sliver a period is an action a period) (in ratio: a capped
+noise moves nothing) takes ``gain`` of the model's step (in ratio: a capped
 device's clock rises as its load falls, so the whole step overshoots; a rise
-takes half that, as the clock falls again when load comes back); weights fall
+takes half that, as the clock falls again when load comes back), sent only
+when the whole step is over ``tolerance`` and the damped one over half of it
+(a sliver a period would be an action a period); weights fall
 at once (a held replica breaches now), rise at most ``max_rise_ratio`` a
 period (a lower weight may be what keeps its rack under its limit), never
 while its cap is at the driver's floor, and never go under ``min_weight``. A
@@ -163,27 +164,32 @@ class PowerRouter:
             factor = factors.get(r.device_uuid)
             # nothing known of it this period, or its TPOT with its peers': nothing to correct
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
-            worth = True
+            ratio = 1.0
             if level or factor is None or reference <= 0:
                 desired = now  # (no reference: the free replicas could take nothing more)
             else:
                 ratio = factor / reference
-                # a correction under the tolerance moves its TPOT by less than the noise the
-                # tolerance forgives: not worth an action (an oscillating load would send
-                # one every period)
-                worth = ratio <= 0 or abs(math.log(ratio)) >= math.log1p(c.tolerance)
                 # a held device's clock falls as its load rises: a rise takes half the step
                 gain = c.gain / 2 if ratio > 1 else c.gain
                 desired = min(1.0, now * ratio**gain)
-            reason = PowerRouteReason.CAPPED
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
-                desired, reason = 1.0, PowerRouteReason.LIFTED
-            elif r.at_floor:
-                desired = min(desired, now)
-            new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
-            # and the damped step itself at least half that
-            worth = worth and abs(math.log(new / now)) >= math.log1p(c.tolerance / 2)
-            if (new == 1.0 and now < 1.0) or (worth and abs(new - now) >= STEP):
+                desired, new = 1.0, min(1.0, now * c.max_rise_ratio)
+                send = new > now
+                reason = PowerRouteReason.LIFTED
+            else:
+                if r.at_floor:
+                    desired = min(desired, now)
+                new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
+                # a correction whose whole step, or whose damped step, is under the tolerance
+                # (half of it) moves its TPOT by less than the noise the tolerance forgives:
+                # not worth an action (an oscillating load would send one every period)
+                send = abs(new - now) >= STEP and (
+                    ratio <= 0
+                    or (abs(math.log(ratio)) >= math.log1p(c.tolerance)
+                        and abs(math.log(new / now)) >= math.log1p(c.tolerance / 2))
+                )  # fmt: skip
+                reason = PowerRouteReason.CAPPED
+            if send:
                 self.weights[(pool, r.device_uuid)] = new
                 message = _message(pool, r, peer_tpot, now, new, reason)
                 out.append(ReplicaWeight(r.device_uuid, r.rack_id, new, now, desired, reason,

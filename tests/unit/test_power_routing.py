@@ -90,6 +90,25 @@ def test_weights_fall_at_once_and_come_back_within_the_rise_limit_when_the_caps_
     assert steps.index(1.0) <= 3
 
 
+def test_a_replica_no_cap_holds_comes_back_even_when_its_tpot_is_off_its_peers() -> None:
+    # its cap lifted, yet its TPOT reads over 8% off its peers' while the model's own
+    # correction for it is under the tolerance (a batch of 45 against their 40, its TPOT
+    # 10% over what its batch explains): the way back to 1 does not wait on the tolerance
+    router = PowerRouter(PowerRoutingConfig())
+    router.capped("pool", "gpu-0", "rack-0", draw_watts=600.0, cap_watts=300.0)
+    weights = []
+    for _ in range(3):
+        period = [ReplicaServing("gpu-0", "rack-0", TAU_S, 45.0,
+                                 TAU_S * (1 + 45 / DOUBLING) * 1.1)] + [
+            ReplicaServing(f"gpu-{i}", f"rack-{i}", TAU_S, 40.0, TAU_S * (1 + 40 / DOUBLING))
+            for i in (1, 2)
+        ]  # fmt: skip
+        for w in router.step("pool", period, doubling_batch=DOUBLING):
+            assert w.reason is PowerRouteReason.LIFTED
+            weights.append(w.weight)
+    assert weights == [0.75, 1.0] and router.weighted("pool") == []
+
+
 def test_a_cap_under_the_draw_cuts_the_weight_in_proportion_at_once() -> None:
     router = PowerRouter(PowerRoutingConfig())
     w = router.capped("pool", "gpu-3", "rack-2", draw_watts=600.0, cap_watts=300.0)
