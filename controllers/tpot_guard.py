@@ -25,8 +25,8 @@ spike moves nothing; a step does by the second period):
   cut: with no gap the two make a limit cycle; up to ``high_ratio`` when what
   waits is mandatory work, which no cut follows; TPOT grows as ``1 + batch /
   doubling_batch``, the model the planner sizes its room with), whatever the
-  band says: a cap cut for a
-  slowdown that has passed must not hold baseline work in the queue;
+  band says: a cap cut for a slowdown that has passed must not hold baseline
+  work in the queue;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
 Example::
