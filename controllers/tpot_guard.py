@@ -29,6 +29,18 @@ spike moves nothing; a step does by the second period):
   work in the queue;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
+Ahead of all of these, the token speed (feedforward, one period): the pool's
+TPOT at a batch of one (``unit_tpot_s``, read so that one odd second does not
+move it). When it moves by more than the noise (``speed_noise_multiple``
+robust standard deviations of its period-to-period jitter, and at least
+``speed_tolerance``, the margin ``high_ratio`` leaves under the SLO), the
+ceiling moves at once to the largest batch whose TPOT stays under
+``high_ratio`` of the SLO at the new speed, ``doubling_batch * (high_ratio *
+slo / unit - 1)`` (``token_speed``): a slowdown cuts the cap to it in the
+period it shows, with no cut on top until the trend holds only readings
+taken at the new cap, and no raise past it; the speed coming back returns
+the cap it cut. The first reading only sets the speed it starts from.
+
 Example::
 
     g = TpotGuard(TpotGuardConfig(max_batch=256))
@@ -46,6 +58,7 @@ from statistics import median
 
 class BatchReason(StrEnum):
     TPOT_HIGH = "tpot_high"
+    TOKEN_SPEED = "token_speed"  # the token speed moved: the cap follows the SLO's ceiling
     TPOT_LOW = "tpot_low"
     WORK_WAITING = "work_waiting"  # raised: work queues behind the cap, TPOT has room
     NOT_BATCH_BOUND = "not_batch_bound"
@@ -68,6 +81,12 @@ class TpotGuardConfig:
     cooldown_periods: int = 1
     trend_window: int = 3
     doubling_batch: float = 128.0  # TPOT at this batch is twice TPOT at a batch of one
+    # a speed change moves the ceiling when it is over this (the SLO's margin at high_ratio)
+    speed_tolerance: float = 0.05
+    # ... and over this many robust standard deviations of the period-to-period jitter
+    speed_noise_multiple: float = 4.0
+    speed_history: int = 30  # periods of jitter it estimates that from
+    speed_min_history: int = 5  # periods before the first change is judged
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -80,6 +99,10 @@ class TpotGuardConfig:
             raise ValueError("decrease_factor in (0, 1), increase_step >= 1")
         if self.trend_window < 1:
             raise ValueError("trend_window >= 1")
+        if self.speed_tolerance <= 0 or self.speed_noise_multiple <= 0:
+            raise ValueError("speed_tolerance and speed_noise_multiple > 0")
+        if not 1 <= self.speed_min_history <= self.speed_history:
+            raise ValueError("1 <= speed_min_history <= speed_history")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +123,11 @@ class TpotGuard:
         self.low_streak = 0
         self.since_cut = config.cooldown_periods
         self.recent: deque[float] = deque(maxlen=config.trend_window)
+        self.ceiling = config.max_batch  # the largest batch under the mark at the last speed
+        self.speed_unit_s: float | None = None  # the token speed the ceiling was set at
+        self.restore: int | None = None  # the target a slowdown cut, to come back to
+        self.last_unit_s: float | None = None
+        self.jitter: deque[float] = deque(maxlen=config.speed_history)  # |log| period steps
 
     def step(
         self,
@@ -109,10 +137,12 @@ class TpotGuard:
         batch_in_use: int | None = None,
         waiting: bool = False,
         mandatory: bool = False,
+        unit_tpot_s: float | None = None,
     ) -> BatchDecision:
         """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
         taken as binding); ``waiting``, whether work queued behind it; ``mandatory``,
-        whether that work is mandatory, baseline or batch (no optional work was admitted)."""
+        whether that work is mandatory, baseline or batch (no optional work was admitted);
+        ``unit_tpot_s``, the pool's TPOT at a batch of one (None: no speed ceiling)."""
         c, before = self.config, self.target
         self.since_cut += 1
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
@@ -120,6 +150,9 @@ class TpotGuard:
             return BatchDecision(before, before, BatchReason.INVALID_INPUT, "no TPOT: held")
         ratio = tpot_p95_s / slo_s
         self.recent.append(ratio)
+        if (speed := self._speed(unit_tpot_s, slo_s, before)) is not None:
+            self.low_streak = 0
+            return speed
         if (trend := median(self.recent)) > c.high_ratio:
             ratio = trend
             self.low_streak = 0
@@ -145,12 +178,12 @@ class TpotGuard:
             and (batch_in_use is None or batch_in_use >= self.target - c.increase_step)
         ):
             self.low_streak = 0
-            raised = min(c.max_batch, self.target + c.increase_step)
+            raised = min(c.max_batch, self.target + c.increase_step, self.ceiling)
             grow = (1 + raised / c.doubling_batch) / (1 + self.target / c.doubling_batch)
             # mandatory work waiting (no optional work admitted): no cut follows (queue_bound),
             # so up to the cut's own mark
             mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
-            if max(ratio, trend) * grow < mark:
+            if raised > self.target and max(ratio, trend) * grow < mark:
                 self.target = raised
                 return BatchDecision(self.target, before, BatchReason.WORK_WAITING,
                                      f"work waits behind a cap of {before} with TPOT at "
@@ -158,12 +191,52 @@ class TpotGuard:
                                      f"{raised}): batch {before} -> {raised}")  # fmt: skip
         elif ratio < c.low_ratio:
             self.low_streak += 1
-            if self.low_streak >= c.hold_periods and self.target < c.max_batch:
+            if self.low_streak >= c.hold_periods and self.target < min(c.max_batch, self.ceiling):
                 self.low_streak = 0
-                self.target = min(c.max_batch, self.target + c.increase_step)
+                self.target = min(c.max_batch, self.target + c.increase_step, self.ceiling)
                 return BatchDecision(self.target, before, BatchReason.TPOT_LOW,
                                      f"TPOT at {ratio:.2f} of the SLO for {c.hold_periods} "
                                      f"periods: batch {before} -> {self.target}")  # fmt: skip
         else:
             self.low_streak = 0
         return BatchDecision(before, before, BatchReason.HOLD, f"TPOT at {ratio:.2f}: held")
+
+    def _speed(self, unit_s: float | None, slo_s: float, before: int) -> BatchDecision | None:
+        """The ceiling, moved when the token speed has moved past its noise; a decision when
+        that changes the target."""
+        c = self.config
+        if unit_s is None or not math.isfinite(unit_s) or unit_s <= 0:
+            return None
+        if self.last_unit_s is not None:
+            self.jitter.append(abs(math.log(unit_s / self.last_unit_s)))
+        self.last_unit_s = unit_s
+        if self.speed_unit_s is None:
+            # the first reading is where the speed starts from; the level is the trend's
+            # business (a pool slow from the start is cut as its TPOT shows it)
+            self.speed_unit_s = unit_s
+            return None
+        if len(self.jitter) < c.speed_min_history:
+            return None
+        sigma = 1.4826 * median(self.jitter)  # the MAD's standard deviation; robust to steps
+        moved = math.log(unit_s / self.speed_unit_s)
+        if abs(moved) <= max(c.speed_tolerance, c.speed_noise_multiple * sigma):
+            return None
+        change = f"{math.exp(moved) - 1:+.0%} since it was last set"
+        self.speed_unit_s = unit_s
+        # TPOT grows as 1 + batch / doubling_batch: the largest batch under the cut's mark
+        fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
+        self.ceiling = max(c.min_batch, min(c.max_batch, fresh))
+        if self.ceiling < self.target:
+            self.restore = self.restore or self.target
+            # the trend's readings are from before the cut: no cut on them on top of it
+            self.target, self.since_cut = self.ceiling, 1 - c.trend_window
+        elif self.restore is not None and self.target < min(self.restore, self.ceiling):
+            self.target = min(self.restore, self.ceiling)
+        if self.restore is not None and self.target >= self.restore:
+            self.restore = None
+        if self.target == before:
+            return None
+        return BatchDecision(self.target, before, BatchReason.TOKEN_SPEED,
+                             f"a token takes {unit_s * 1000:.1f} ms at a batch of one ({change}): "
+                             f"batch {self.ceiling} at most keeps TPOT under {c.high_ratio:g} of "
+                             f"the SLO; batch {before} -> {self.target}")  # fmt: skip

@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 from controllers.stages import Stabiliser
 from evaluations.control_scenario import ControlScenario
-from evaluations.pool_plant import PoolPlant, PoolShape, Second
+from evaluations.pool_plant import SLOT_SHARE, PoolPlant, PoolShape, Second
 from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import control_wiring
 from planning.pools import ControlPlanner
@@ -497,7 +497,11 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
     and how many periods the baseline stayed out of its SLO after the slowdown ended, ours
     and the oracle's (whose backlog drains too)."""
     period = max(1.0, scn.period_s)
+    p = scn.pool
     out: dict[str, Any] = {}
+    # each batch cap at the time it was decided, as the budgets are: the planner decides at a
+    # period's close (the first event of the next) what runs through the next period
+    decided = [(t - period, cap) for t, _, _, cap in tally.record]
     for e in scn.events:
         if e.kind != "slowdown":
             continue
@@ -507,9 +511,15 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
         cut = next((k + 1 for k, (_, b) in enumerate(during) if before and b < before[-1]), None)
         if before and before[-1] == 0.0:
             cut = 0  # nothing to cut
-        caps = [c for t, _, _, c in tally.record if t <= start]
-        rows = [r for r in tally.record if start < r[0] <= end + period]
-        batch = next((k + 1 for k, r in enumerate(rows) if caps and r[3] < caps[-1]), None)
+        caps = [c for t, c in decided if t <= start]
+        rows = [c for t, c in decided if start < t <= end + period]
+        batch = next((k + 1 for k, c in enumerate(rows) if caps and c < caps[-1]), None)
+        # the largest batch within the SLO at full clocks once it began (a slowdown inside a
+        # stronger one slows nothing); a cap already under it had nothing to cut
+        ratio = max(x.ratio for x in scn.events if x.kind == "slowdown" and x.active(start + 1))
+        unit_s = p.tpot_base_s * ratio * (1 + p.spread_ratio)
+        if caps and caps[-1] <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
+            batch = 0
         after = [r for r in tally.record if r[0] > end]
         ours = next((k for k, r in enumerate(after) if r[1]), len(after))
         oracle = next((k for k, r in enumerate(after) if r[2]), len(after))

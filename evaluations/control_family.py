@@ -261,6 +261,7 @@ FIGURES = {
     "settling_periods_after_step": False,
     "settling_periods_after_step_down": False,
     "slowdown_budget_cut_periods": False,
+    "slowdown_batch_cut_periods": False,
     "breach_after_slowdown_periods": False,
     "breach_after_slowdown_periods_oracle": False,
 }

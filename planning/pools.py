@@ -29,11 +29,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from statistics import median
 from typing import Any
 
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
-from controllers.tpot_guard import BatchReason, TpotGuard
+from controllers.tpot_guard import TpotGuard
 from planning.racks import RackPlanner
 from planning.registry import CAPACITY, POWER_ROUTING, TPOT_GUARD
 from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
@@ -76,6 +77,10 @@ class ReplicaLoad:
     tpot_s: float = 0.0  # TPOT p95, summed over the reports that had one
     unit_tpot_s: float = 0.0  # TPOT at a batch of one, the same way
     tpot_reports: int = 0
+    requests: int = 0
+    # the last three reports' TPOT at a batch of one: their median is the speed now, which
+    # one odd report (a sensor spike) does not move
+    last_units_s: list[float] = field(default_factory=list)
 
     def add(self, metrics: AnyServingSample, doubling_batch: float) -> None:
         baseline = 1.0
@@ -83,14 +88,17 @@ class ReplicaLoad:
             baseline = 1.0 - metrics.optional_requests / metrics.requests
         work = metrics.batch_size + metrics.queue_depth
         self.reports += 1
+        self.requests += metrics.requests
         self.work += work
         self.queue += metrics.queue_depth
         self.baseline_work += metrics.batch_size * baseline
         self.batch_peak = max(self.batch_peak, metrics.batch_size)
         if metrics.tpot_p95_s is not None and metrics.tpot_p95_s > 0:
             self.tpot_s += metrics.tpot_p95_s
-            self.unit_tpot_s += metrics.tpot_p95_s / (1.0 + metrics.batch_size / doubling_batch)
+            unit_s = metrics.tpot_p95_s / (1.0 + metrics.batch_size / doubling_batch)
+            self.unit_tpot_s += unit_s
             self.tpot_reports += 1
+            self.last_units_s = [*self.last_units_s[-2:], unit_s]
 
     def room(self, target: int, doubling_batch: float, allowed_s: float) -> float:
         """The batch it can run with its TPOT p95 at ``allowed_s``: ``target``, or less where
@@ -251,13 +259,26 @@ class ControlPlanner(ThrottleIssuer):
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
         in_use = max((r.batch_peak for r in replicas), default=None)
+        # the pool's speed now: per model, the median replica's TPOT at a batch of one (by
+        # requests: what moves it is pool-wide), over the replicas no power cap holds (a
+        # capped rack's replicas are slower by the cap's doing, and the router's to weight
+        # down, not a reason to cap every replica's batch); the slowest model's
+        free = [r for r in replicas if r.device_uuid is None or not self.power.holds(r.device_uuid)]
+        speeds: dict[str, list[TpotSample]] = {}
+        for r in free:  # a pool every cap holds: the power side's, no speed reading
+            if r.last_units_s:
+                sample = TpotSample(median(r.last_units_s), max(r.requests, 1))
+                speeds.setdefault(r.model, []).append(sample)
+        units = (_by_requests(s, 0.5) for s in speeds.values())
+        unit = max((u for u in units if u is not None), default=None)
         # work waiting on average over the period, on a replica whose cap binds
         waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
         b = pool.guard.step(
             tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
             mandatory=before == 0.0,  # no optional work admitted: what waits is mandatory
+            unit_tpot_s=unit,
         )  # fmt: skip
-        if b.reason in (BatchReason.TPOT_HIGH, BatchReason.TPOT_LOW, BatchReason.WORK_WAITING):
+        if b.target != b.previous:
             out.append(self._output(
                 end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
                 Target(pool=name), changed=True,
@@ -340,12 +361,17 @@ def _pool_p95(samples: list[TpotSample]) -> float | None:
     that 95% of the period's requests were served at or under. One slow replica that serves
     few (a device being drained, say) does not stop the pool's optional work; one that
     serves a twentieth of them does."""
+    return _by_requests(samples, 0.95)
+
+
+def _by_requests(samples: list[TpotSample], share: float) -> float | None:
+    """The replica value that ``share`` of the requests were served at or under."""
     if not samples:
         return None
     total = sum(s.requests for s in samples)
     seen = 0
     for s in sorted(samples, key=lambda s: (s.tpot_p95_s, s.requests)):
         seen += s.requests
-        if seen >= 0.95 * total:
+        if seen >= share * total:
             return s.tpot_p95_s
     return max(s.tpot_p95_s for s in samples)

@@ -223,6 +223,48 @@ def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
                is BatchReason.HOLD for k in range(100))  # fmt: skip
 
 
+def test_tpot_guard_follows_the_token_speed_in_one_period_and_gives_the_cap_back() -> None:
+    # 18 ms a token at a batch of one (under 0.95 of the 60 ms SLO up to a batch of 277),
+    # 1% jitter from period to period: the jitter never moves the cap
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    rng = random.Random(7)
+    for n in range(20):
+        j = 1 + rng.gauss(0.0, 0.01) if n else 1.0
+        d = g.step(tpot_p95_s=0.035 * j, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.018 * j)
+        assert d.target == 256
+    # tokens 1.4x slower: cut in the period it shows, not when the TPOT trend gets there,
+    # to the largest batch under 0.95 of the SLO at that speed, 128 * (0.95 * 60 / 25.2 - 1)
+    d = g.step(tpot_p95_s=0.05, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.0252)
+    assert (d.reason, d.previous, d.target) == (BatchReason.TOKEN_SPEED, 256, 161)
+    # TPOT low at the batch in use: no raise past it while the slowdown holds
+    held = [g.step(tpot_p95_s=0.03, slo_s=0.06, batch_in_use=60, unit_tpot_s=0.0252)
+            for _ in range(6)]  # fmt: skip
+    assert {d.target for d in held} == {161}
+    # the speed back: the cap the slowdown cut, at once
+    d = g.step(tpot_p95_s=0.03, slo_s=0.06, batch_in_use=60, unit_tpot_s=0.018)
+    assert (d.reason, d.target) == (BatchReason.TOKEN_SPEED, 256)
+    assert g.ceiling == 256 and g.restore is None
+
+
+def test_tpot_guard_takes_a_speed_change_only_past_the_noise_it_has_seen() -> None:
+    # 3% sensor noise a period: an 8% slowdown is inside its jitter (4 robust sigmas of the
+    # period-to-period steps), a 40% one is not; with 0.5% noise, 8% is past the 5% floor
+    def slowed(noise: float, ratio: float) -> tuple[int, int]:
+        g = TpotGuard(TpotGuardConfig(max_batch=256))
+        rng = random.Random(11)
+        for _ in range(30):
+            j = 1 + rng.gauss(0.0, noise)
+            g.step(tpot_p95_s=0.04 * j, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.025 * j)
+        before = g.target
+        return before, g.step(tpot_p95_s=0.045, slo_s=0.06, batch_in_use=100,
+                              unit_tpot_s=0.025 * ratio).target  # fmt: skip
+
+    assert slowed(0.03, 1.08) == (256, 256)
+    # under 0.95 of the SLO: 128 * (0.95 * 60 / 27 - 1) = 142, at 35 ms 80
+    assert slowed(0.005, 1.08) == (256, 142)
+    assert slowed(0.03, 1.4) == (256, 80)
+
+
 def test_tpot_guard_raises_a_cap_that_work_waits_behind_while_tpot_has_room() -> None:
     # a cap cut to 128 during a slowdown that has passed: TPOT sits in the band (0.8 of the
     # SLO) and work waits behind the cap. Each period it rises by a step while the TPOT

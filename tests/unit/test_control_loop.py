@@ -7,6 +7,7 @@ import itertools
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,13 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
     reasons = [(o.decision.controller, o.decision.reason) for o in made]
     assert ("capacity", "slo_breach") in reasons
     assert ("tpot_guard", "tpot_high") in reasons
+    # tokens 1.52x slower (20 ms at a batch of one, then 30.5): the cap follows the speed at
+    # the close it shows, to 128 * (0.95 * 50 / 30.5 - 1) = 71 (TPOT under 0.95 of the SLO
+    # by the planner's model), then TPOT still over the SLO cuts 20%
+    speed = next(o for o in made if o.decision.reason == "token_speed")
     cut = next(o for o in made if o.decision.reason == "tpot_high")
-    assert isinstance(cut.command, ThrottleCommand) and cut.command.batch_size_max == 204
+    assert isinstance(speed.command, ThrottleCommand) and speed.command.batch_size_max == 71
+    assert isinstance(cut.command, ThrottleCommand) and cut.command.batch_size_max == 56
 
 
 def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
@@ -188,19 +194,24 @@ def test_the_budget_leaves_the_room_tpot_allows_not_the_batch_limit() -> None:
     assert wanted and abs(wanted[-1] - (0.99 - 76.8 / 102.4)) < 0.02
 
 
+def _report(second: int, *, tpot_s: float, queue: int, batch: int, optional: int) -> ServingMetrics:
+    """Replica r1's serving report for ``second`` (a one-second interval, 10 requests)."""
+    return ServingMetrics(
+        event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=second),
+        replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+        region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=tpot_s,
+        queue_depth=queue, batch_size=batch, tokens_per_s=900.0, requests=10, errors=0,
+        optional_requests=optional,
+    )  # fmt: skip
+
+
 def _one_replica(queues: list[int], *, batch: int, optional: int) -> list[Decision]:
     """A minute of one replica's serving reports, a second apart (its queue cycling through
     ``queues``), through a planner: the capacity decisions it made."""
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
     out = []
     for k in range(60):
-        m = ServingMetrics(
-            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
-            replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
-            region="us-east", accelerator_type="H100", interval_s=1.0, tpot_p95_s=0.05,
-            queue_depth=queues[k % len(queues)], batch_size=batch, tokens_per_s=900.0,
-            requests=10, errors=0, optional_requests=optional,
-        )  # fmt: skip
+        m = _report(k, tpot_s=0.05, queue=queues[k % len(queues)], batch=batch, optional=optional)
         out += [o.decision for o in planner.serving(m) if o.decision.controller == "capacity"]
     return out
 
@@ -403,3 +414,28 @@ def test_capped_devices_get_less_work_and_their_tpot_meets_their_peers_then_come
     assert weights and all(isinstance(c, RouteCommand) and c.target.pool for c in weights)
     # after the feed is repaired the caps come off, and the weights with them
     assert sim.fleet.router.replica_weights == {}
+
+
+def _speed_decisions(unit_s: Callable[[int], float]) -> list[Decision]:
+    """Two minutes of one replica's serving reports, a second apart, its TPOT at a batch of
+    one ``unit_s(second)`` and its batch 64 (SLO 60 ms): the TPOT guard's decisions."""
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+    out = []
+    for k in range(120):
+        m = _report(k, tpot_s=unit_s(k) * 1.5, queue=0, batch=64, optional=0)
+        out += [o.decision for o in planner.serving(m) if o.decision.controller == "tpot_guard"]
+    return out
+
+
+def test_the_batch_cap_follows_a_slowdown_at_the_close_it_shows_and_not_a_spike() -> None:
+    # 18 ms a token at a batch of one (TPOT 27 ms at batch 64, against a 60 ms SLO). One
+    # second read 3x slow (a sensor spike), even the last of a period, moves nothing
+    for spike in (57, 59):
+        assert _speed_decisions(partial(lambda at, k: 0.018 * (3 if k == at else 1), spike)) == []
+    # 1.4x slower from the period's last two seconds: cut at that close to the largest batch
+    # under 0.95 of the SLO, 128 * (0.95 * 60 / 25.2 - 1) = 161; 256 again after it ends
+    cuts = _speed_decisions(lambda k: 0.0252 if 78 <= k < 108 else 0.018)
+    assert [(d.reason, d.applied, d.decided_at - START) for d in cuts] == [
+        ("token_speed", 161.0, timedelta(seconds=80)),
+        ("token_speed", 256.0, timedelta(seconds=110)),
+    ]
