@@ -493,7 +493,9 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
 
 def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
     """After each slowdown (TPOT up, load unchanged), worst over them: periods until the
-    optional budget and the batch cap were cut (None: never, though the SLO was at stake),
+    optional budget and the batch cap were cut (0: no need, as nothing was admitted, the
+    budget was never cut and the SLO held throughout, or the cap was already under what
+    the slowed speed allows; None: never, though it was needed),
     and how many periods the baseline stayed out of its SLO after the slowdown ended, ours
     and the oracle's (whose backlog drains too)."""
     period = max(1.0, scn.period_s)
@@ -511,6 +513,8 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
         cut = next((k + 1 for k, (_, b) in enumerate(during) if before and b < before[-1]), None)
         if before and before[-1] == 0.0:
             cut = 0  # nothing to cut
+        elif cut is None and all(ok for t, ok, _, _ in tally.record if start < t <= end + period):
+            cut = 0  # never cut, and the SLO held throughout: there was no need to
         caps = [c for t, c in decided if t <= start]
         rows = [c for t, c in decided if start < t <= end + period]
         batch = next((k + 1 for k, c in enumerate(rows) if caps and c < caps[-1]), None)

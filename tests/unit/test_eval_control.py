@@ -46,9 +46,10 @@ def test_the_slo_and_harvest_targets_hold_on_the_production_assembly(
     assert out["slo_attainment"] >= 0.999 and out["slo_attainment_oracle"] == 1.0
     assert 0.9 <= out["harvest_vs_oracle"] <= 1
     assert out["breaker_violations"] == 0
-    # a slowdown: optional work cut within two periods (the trend's median), and no breach
-    # outlasting it by more than two periods past the oracle's own
-    assert out["slowdown_budget_cut_periods"] <= 2
+    # a slowdown: optional work and the batch cap cut within one period (the feedforward
+    # and the token speed), and no breach outlasting it by more than two periods past the
+    # oracle's own
+    assert out["slowdown_budget_cut_periods"] <= 1 and out["slowdown_batch_cut_periods"] <= 1
     assert out["breach_after_slowdown_periods"] <= out["breach_after_slowdown_periods_oracle"] + 2
 
 
