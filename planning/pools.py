@@ -26,6 +26,7 @@ P, I and D terms; with a signing key it is also a signed ``ThrottleCommand``
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -80,7 +81,7 @@ class ReplicaLoad:
     requests: int = 0
     # the last three reports' TPOT at a batch of one: their median is the speed now, which
     # one odd report (a sensor spike) does not move
-    last_units_s: list[float] = field(default_factory=list)
+    last_units_s: deque[float] = field(default_factory=lambda: deque(maxlen=3))
 
     def add(self, metrics: AnyServingSample, doubling_batch: float) -> None:
         baseline = 1.0
@@ -98,7 +99,7 @@ class ReplicaLoad:
             unit_s = metrics.tpot_p95_s / (1.0 + metrics.batch_size / doubling_batch)
             self.unit_tpot_s += unit_s
             self.tpot_reports += 1
-            self.last_units_s = [*self.last_units_s[-2:], unit_s]
+            self.last_units_s.append(unit_s)
 
     def room(self, target: int, doubling_batch: float, allowed_s: float) -> float:
         """The batch it can run with its TPOT p95 at ``allowed_s``: ``target``, or less where
