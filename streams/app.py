@@ -94,6 +94,12 @@ class IngestMetrics:
             ["topic", "error_kind"],
             registry=registry,
         )
+        self.uncommitted = Gauge(
+            "fleetloop_ingest_uncommitted_messages",
+            "Messages written to ClickHouse whose offsets are not yet committed: what a crash "
+            "now would read again (and the sink's watermarks drop)",
+            registry=registry,
+        )
         self.errors = Counter(
             "fleetloop_processing_errors_total",
             "Batches that failed in a processor",
@@ -206,7 +212,7 @@ def _add_ingest(
     )
     loop = IngestLoop(
         settings, sink, events=metrics.events, dead_letters=metrics.dead_letters,
-        errors=metrics.errors, on_fatal=on_fatal,
+        errors=metrics.errors, on_fatal=on_fatal, uncommitted=metrics.uncommitted,
     )  # fmt: skip
 
     async def ingest() -> None:

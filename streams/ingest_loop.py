@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from schemas.codec import encode
 from schemas.commands import DeadLetter
@@ -71,6 +71,7 @@ class _Batch:
     refused: dict[str, int]  # per topic: messages refused whole
     generation: int  # the assignment it was fetched under
     fetched_at: datetime
+    messages: int = 0  # Kafka messages it holds, envelopes and dead letters alike
 
 
 @dataclass(slots=True)
@@ -106,8 +107,10 @@ class IngestLoop:
         dead_letters: Counter,
         errors: Counter,
         on_fatal: Callable[[str, BaseException], None],
+        uncommitted: Gauge | None = None,
     ) -> None:
         self.settings = settings
+        self.uncommitted = uncommitted  # messages written whose offsets are not committed
         self.sink = sink
         self.events = events
         self.dead_letters = dead_letters
@@ -189,6 +192,7 @@ class IngestLoop:
             batch.records += result.valid
             batch.records += result.dead
             batch.offsets[tp] = messages[-1].offset + 1
+            batch.messages += len(messages)
             whole = sum(1 for letter, _ in result.dead if letter.source_index is None)
             batch.valid[tp.topic] = batch.valid.get(tp.topic, 0) + len(result.valid)
             batch.refused[tp.topic] = batch.refused.get(tp.topic, 0) + whole
@@ -237,6 +241,8 @@ class IngestLoop:
             self.events.labels(topic, "valid").inc(count)
             self.events.labels(topic, "dead_letter").inc(batch.refused[topic])
         self._uncommitted.update(batch.offsets)
+        if self.uncommitted is not None:
+            self.uncommitted.inc(batch.messages)
         if time.monotonic() - self._committed_at >= self.settings.commit_interval_s:
             await self._commit()
 
@@ -251,6 +257,8 @@ class IngestLoop:
         kept = await commit(self._consumer, offsets, "ingest")
         for tp, offset in kept.items():
             self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
+        if self.uncommitted is not None and not kept:
+            self.uncommitted.set(0)  # a refused commit leaves its messages counted
 
     async def _settle(self) -> None:
         """Wait until every prepared batch is written (or the writer failed)."""
