@@ -1,19 +1,20 @@
-"""How many events one control planner keeps up with, against decoding the same events.
+"""How many devices one control planner keeps up with, against decoding the same messages.
 
-The control role runs one :class:`~streams.control.ControlPlanner` for every pool
-and rack. This measures, in one run, on the same simulated telemetry (serving,
-accelerator and PDU events of a fleet, its power and capacity controllers
-stepping at their period):
+The control role runs one :class:`~planning.pools.ControlPlanner` for every pool and
+rack. This measures, in one run, on the same simulated telemetry as agents publish it
+(node-tick envelopes of serving and accelerator samples, PDU readings; a fleet's
+power and capacity controllers stepping at their period):
 
-1. the baseline: decoding each event from its JSON bytes, which every
-   processor pays before it does anything;
-2. the planner's own work on the decoded events (no decoding);
-3. the two together, as the control processor does them.
+1. the baseline: decoding each message from its bytes (an envelope into its
+   samples), which every processor pays before it does anything;
+2. the planner's own work on the decoded envelopes (no decoding);
+3. the two together, as the control role does them (each envelope fed whole);
+4. the same, each envelope's samples fed one by one as flat views (how the role
+   fed the planner before it took envelopes whole).
 
-It prints the rates, the planner's cost as a ratio of decoding's, and the
-largest fleet one planner would keep up with at the fleet's telemetry rates
-(one serving and one accelerator event per device and one PDU reading per rack
-each interval).
+It prints the rates in samples per second, each path's cost as a ratio of
+decoding's, and the largest fleet one planner keeps up with (one serving and one
+accelerator sample per device and one PDU reading per rack each interval).
 
     python -m bench.control_throughput --nodes 100 --steps 60
 """
@@ -22,29 +23,31 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
+from agents.envelopes import pack
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.settings import REPO_ROOT
 from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
-from schemas.base import Contract
-from schemas.codec import decode, encode
-from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
+from schemas.codec import decode, decode_samples, decode_tick, encode
+from schemas.topics import ACCELERATOR_TICKS, PDU, SERVING_TICKS
 
 SCENARIO = REPO_ROOT / "scenarios" / "pdu-overload.yaml"
-KINDS = (AcceleratorTelemetry, PduReading, ServingMetrics)
+READ = (ACCELERATOR_TICKS, SERVING_TICKS, PDU)  # what the control role reads
 
 
-def _events(nodes: int, steps: int) -> tuple[list[tuple[type[Contract], bytes]], int, float]:
+def _messages(nodes: int, steps: int) -> tuple[list[tuple[Any, bytes]], int, int, float]:
+    """The encoded messages (value type, bytes), the samples they carry, devices, interval."""
     sim = Simulation(load_scenario(SCENARIO), start=datetime.now(UTC), nodes=nodes)
-    out: list[tuple[type[Contract], bytes]] = []
+    out: list[tuple[Any, bytes]] = []
     for n in range(steps):
-        for _, value in sim.tick(n):
-            if isinstance(value, KINDS):
-                out.append((type(value), encode(value)))
-    return out, len(sim.fleet.devices), sim.interval_s
+        out += [(s.value_type, encode(v)) for s, v in pack(sim.tick(n)) if s in READ]
+    samples = sum(len(decode_samples(raw, kind)) for kind, raw in out)
+    return out, samples, len(sim.fleet.devices), sim.interval_s
 
 
 def main() -> None:
@@ -53,47 +56,53 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     a = parser.parse_args()
-    events, devices, interval_s = _events(a.nodes, a.steps)
+    messages, n, devices, interval_s = _messages(a.nodes, a.steps)
     wiring = ControlWiring(signing_key=("bench", b"bench-key-0123456789"), period_s=10.0)
+    ticks = {s.value_type for s in READ if s.envelope}
 
-    def decode_only() -> float:
-        started = time.perf_counter()
-        for kind, raw in events:
-            decode(raw, kind)
-        return time.perf_counter() - started
+    def read(kind: Any, raw: bytes) -> Any:
+        return decode_tick(raw, kind).tick if kind in ticks else decode(raw, kind)
 
-    decoded = [decode(raw, kind) for kind, raw in events]
-
-    def plan_only() -> float:
+    def timed(body: Callable[[ControlPlanner], None]) -> float:
         planner = ControlPlanner(wiring)
         started = time.perf_counter()
-        for value in decoded:
-            planner.feed(value)
+        body(planner)
         return time.perf_counter() - started
 
-    def both() -> float:
-        planner = ControlPlanner(wiring)
-        started = time.perf_counter()
-        for kind, raw in events:
-            planner.feed(decode(raw, kind))
-        return time.perf_counter() - started
+    def decode_only(_: ControlPlanner) -> None:
+        for kind, raw in messages:
+            read(kind, raw)
 
-    n = len(events)
-    rates = {
-        name: n / min(run() for _ in range(a.repeat))
-        for name, run in (("decode (baseline)", decode_only), ("planner alone", plan_only),
-                          ("decode + planner", both))
-    }  # fmt: skip
-    per_device_s = 2.0 / interval_s  # a serving and an accelerator event per interval
-    print(f"{n} events from {devices} devices over {a.steps} steps of {interval_s:g} s")
-    for name, rate in rates.items():
-        print(f"  {name:<20} {rate:>10,.0f} events/s")
-    base = rates["decode (baseline)"]
-    print(f"  planner / decode cost ratio: {base / rates['planner alone']:.2f}")
-    print(f"  decode + planner / decode rate ratio: {rates['decode + planner'] / base:.2f}")
-    keeps_up = rates["decode + planner"] / per_device_s
-    print(f"  one planner keeps up with about {keeps_up:,.0f} devices at one event of each "
-          f"kind per {interval_s:g} s")  # fmt: skip
+    decoded = [(kind, read(kind, raw)) for kind, raw in messages]
+
+    def plan_only(planner: ControlPlanner) -> None:
+        for kind, value in decoded:
+            planner.tick(value) if kind in ticks else planner.feed(value)
+
+    def role(planner: ControlPlanner) -> None:
+        for kind, raw in messages:
+            value = read(kind, raw)
+            planner.tick(value) if kind in ticks else planner.feed(value)
+
+    def views(planner: ControlPlanner) -> None:
+        for kind, raw in messages:
+            for value in decode_samples(raw, kind):
+                planner.feed(value)
+
+    paths: tuple[tuple[str, Callable[[ControlPlanner], None]], ...] = (
+        ("decode (baseline)", decode_only), ("planner alone", plan_only),
+        ("decode + planner", role), ("views, one by one", views),
+    )  # fmt: skip
+    best = {name: min(timed(run) for _ in range(a.repeat)) for name, run in paths}
+    print(f"{len(messages)} messages, {n} samples from {devices} devices over {a.steps} steps "
+          f"of {interval_s:g} s")  # fmt: skip
+    base = best["decode (baseline)"]
+    for name, seconds in best.items():
+        print(f"  {name:<20} {n / seconds:>10,.0f} samples/s  cost {seconds / base:>5.2f}x decode")
+    per_device_s = 2.0 / interval_s  # a serving and an accelerator sample per interval
+    for name in ("decode + planner", "views, one by one"):
+        print(f"  {name}: one planner keeps up with about {n / best[name] / per_device_s:,.0f} "
+              f"devices at one sample of each kind per {interval_s:g} s")  # fmt: skip
 
 
 if __name__ == "__main__":

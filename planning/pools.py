@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from statistics import median
-from typing import Any
+from typing import Any, NamedTuple
 
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
@@ -42,9 +42,11 @@ from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
 from schemas.commands import RouteAction, Target, ThrottleAction
 from schemas.envelopes import (
     AcceleratorSample,
+    AcceleratorTick,
     AnyAcceleratorSample,
-    AnyServingSample,
+    ReplicaReading,
     ServingSample,
+    ServingTick,
 )
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 
@@ -83,7 +85,7 @@ class ReplicaLoad:
     # one odd report (a sensor spike) does not move
     last_units_s: deque[float] = field(default_factory=lambda: deque(maxlen=3))
 
-    def add(self, metrics: AnyServingSample, doubling_batch: float) -> None:
+    def add(self, metrics: ReplicaReading, doubling_batch: float) -> None:
         baseline = 1.0
         if metrics.optional_requests is not None and metrics.requests > 0:
             baseline = 1.0 - metrics.optional_requests / metrics.requests
@@ -123,9 +125,10 @@ class ReplicaLoad:
         return mean * full_s / (self.tpot_s / self.tpot_reports)
 
 
-@dataclass(frozen=True, slots=True)
-class TpotSample:
-    """One replica's TPOT p95 for one model, weighted by the requests it served."""
+class TpotSample(NamedTuple):
+    """One replica's TPOT p95 for one model, weighted by the requests it served (a tuple:
+    one is made for every serving report, and a frozen dataclass costs three times as
+    much to build)."""
 
     tpot_p95_s: float
     requests: int
@@ -172,6 +175,19 @@ class ControlPlanner(ThrottleIssuer):
             self.accelerator(value)
         return []
 
+    def tick(self, tick: AcceleratorTick | ServingTick) -> list[ControlOutput]:
+        """One node's envelope, as agents publish them: its samples in order, its header
+        read once (the decisions its flat views fed one by one would make, without
+        building the views)."""
+        if isinstance(tick, ServingTick):
+            period, out = self._period(tick.observed_at), []
+            for replica in tick.samples:
+                out += self._serve(replica, period)
+            return out
+        for device in tick.samples:
+            self.power.device(tick.node_id, tick.rack_id, device)
+        return []
+
     def accelerator(self, telemetry: AnyAcceleratorSample) -> None:
         self.power.accelerator(telemetry)
 
@@ -179,7 +195,11 @@ class ControlPlanner(ThrottleIssuer):
         out = self.power.pdu(reading)
         return out + self._route_caps(out) + self._route_short(reading)
 
-    def serving(self, metrics: AnyServingSample) -> list[ControlOutput]:
+    def serving(self, metrics: ServingMetrics | ServingSample) -> list[ControlOutput]:
+        return self._serve(metrics, self._period(metrics.observed_at))
+
+    def _serve(self, metrics: ReplicaReading, period: int) -> list[ControlOutput]:
+        """One replica's report of control period ``period`` (of its event time)."""
         pool = self.pools.get(metrics.pool)
         if pool is None:
             # the guard predicts TPOT at a higher cap with the planner's own model of it
@@ -187,18 +207,24 @@ class ControlPlanner(ThrottleIssuer):
             pool = self.pools[metrics.pool] = _Pool(
                 CapacityController(self.wiring.capacity), TpotGuard(guard)
             )
-        period, out = self._period(metrics.observed_at), []
+        out = []
         if period > pool.period >= 0:
             out = self._close_pool(metrics.pool, pool)
         if period >= pool.period:
             pool.period = period
             if metrics.tpot_p95_s is not None:
                 sample = TpotSample(metrics.tpot_p95_s, max(metrics.requests, 1))
-                pool.tpot.setdefault(metrics.model, []).append(sample)
+                samples = pool.tpot.get(metrics.model)
+                if samples is None:
+                    pool.tpot[metrics.model] = [sample]
+                else:
+                    samples.append(sample)
             self.power.serving(metrics)
-            load = pool.replicas.setdefault(
-                metrics.replica_id, ReplicaLoad(metrics.device_uuid, metrics.model)
-            )
+            load = pool.replicas.get(metrics.replica_id)
+            if load is None:  # not setdefault: a load built for every report costs a microsecond
+                load = pool.replicas[metrics.replica_id] = ReplicaLoad(
+                    metrics.device_uuid, metrics.model
+                )
             load.add(metrics, self.wiring.tpot_doubling_batch)
         return out
 

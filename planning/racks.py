@@ -31,7 +31,7 @@ from controllers.power import (
 from planning.registry import POWER
 from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
 from schemas.commands import ClockMode, Target, ThrottleAction
-from schemas.envelopes import AnyAcceleratorSample, AnyServingSample
+from schemas.envelopes import AnyAcceleratorSample, DeviceReading, ReplicaReading
 from schemas.events import PduPhase, PduReading
 
 
@@ -138,7 +138,7 @@ class RackPlanner(ThrottleIssuer):
         )
         return min(1.0, short / draw) if draw > 0 else 0.0
 
-    def serving(self, metrics: AnyServingSample) -> None:
+    def serving(self, metrics: ReplicaReading) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""
         device = self.devices.get(metrics.device_uuid or "")
         if device is None:
@@ -157,14 +157,18 @@ class RackPlanner(ThrottleIssuer):
             device.baseline_share += 0.2 * (baseline - device.baseline_share)
 
     def accelerator(self, telemetry: AnyAcceleratorSample) -> None:
+        self.device(telemetry.node_id, telemetry.rack_id, telemetry)
+
+    def device(self, node_id: str, rack_id: str, telemetry: DeviceReading) -> None:
+        """One device's draw and power limit, on node ``node_id`` in rack ``rack_id``."""
         if telemetry.power_usage_watts is None or telemetry.power_limit_watts is None:
             return
         d = self.devices.get(telemetry.device_uuid)
         if d is None:
-            self.rack_devices.setdefault(telemetry.rack_id, []).append(telemetry.device_uuid)
+            self.rack_devices.setdefault(rack_id, []).append(telemetry.device_uuid)
             d = self.devices[telemetry.device_uuid] = _Device(
-                telemetry.node_id, telemetry.rack_id, telemetry.power_usage_watts,
-                telemetry.power_limit_watts, telemetry.power_limit_watts,
+                node_id, rack_id, telemetry.power_usage_watts, telemetry.power_limit_watts,
+                telemetry.power_limit_watts,
             )  # fmt: skip
         d.draw_watts, d.cap_watts = telemetry.power_usage_watts, telemetry.power_limit_watts
         d.default_watts = max(d.default_watts, telemetry.power_limit_watts)

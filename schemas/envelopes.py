@@ -324,3 +324,7 @@ AnyAcceleratorSample = AcceleratorTelemetry | AcceleratorSample
 """What a detector or planner reads as one device's sample: a v1 message or a v2 view."""
 AnyServingSample = ServingMetrics | ServingSample
 """What a detector or planner reads as one replica's metrics: a v1 message or a v2 view."""
+DeviceReading = AnyAcceleratorSample | DeviceSample
+"""One device's measurements, with or without its envelope's header (node, rack, time)."""
+ReplicaReading = AnyServingSample | ReplicaSample
+"""One replica's metrics, with or without its envelope's header (node, region, time)."""

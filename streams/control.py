@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from planning.pools import ControlPlanner
 from planning.throttle import ControlWiring
-from schemas.codec import DecodeError, decode_samples
+from schemas.codec import DecodeError, decode, decode_tick
 from schemas.topics import ACCELERATOR, ACCELERATOR_TICKS, PDU, SERVING, SERVING_TICKS, TopicSpec
 from streams.outputs import Outputs
 from streams.page_access import PageAccess
@@ -36,12 +36,17 @@ def add_control(
 
     async def plan(records: list[Any]) -> None:
         for r in records:
+            spec = specs[r.topic]
             try:
-                values = decode_samples(r.value, specs[r.topic].value_type)
+                if spec.envelope:  # its valid samples (the bad ones are ingest's to letter)
+                    tick = decode_tick(r.value, spec.value_type).tick
+                    out = [] if tick is None else planner.tick(tick)
+                else:
+                    out = planner.feed(decode(r.value, spec.value_type))
             except DecodeError:
                 continue  # ingest dead-letters it
-            for value in values:
-                await outputs.publish(planner.feed(value))
+            if out:  # each message's as it is handled
+                await outputs.publish(out)
 
     loops.add("control.plan", READ, plan, batch_within_s=wiring.batch_within_s)
     return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agents.envelopes import pack
 from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
@@ -24,6 +26,7 @@ from planning.pools import ControlPlanner
 from planning.racks import RackPlanner
 from planning.throttle import ControlOutput, ControlWiring
 from schemas.base import Contract
+from schemas.codec import decode_samples, encode
 from schemas.commands import (
     ResultStatus,
     RouteAction,
@@ -31,6 +34,7 @@ from schemas.commands import (
     ThrottleAction,
     ThrottleCommand,
 )
+from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, PduReading, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import Decision, DecisionOutcome
@@ -439,3 +443,40 @@ def test_the_batch_cap_follows_a_slowdown_at_the_close_it_shows_and_not_a_spike(
         ("token_speed", 161.0, timedelta(seconds=80)),
         ("token_speed", 256.0, timedelta(seconds=110)),
     ]
+
+
+def test_node_tick_envelopes_make_the_decisions_their_flat_samples_make() -> None:
+    """The control role feeds each envelope whole (:meth:`ControlPlanner.tick`); a planner
+    fed the same envelopes' samples one by one, as views, decides the same, in the loop
+    (the envelopes' planner's commands applied to the fleet)."""
+    scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
+    demand = scenario.demand.model_copy(update={"batch_ratio": 0.1})
+    sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+
+    def planner() -> ControlPlanner:
+        ids = itertools.count()
+        wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
+        return ControlPlanner(wiring, new_id=lambda: uuid.UUID(int=next(ids)))
+
+    whole, flat = planner(), planner()
+    made: list[ControlOutput] = []
+    for n in range(int(300 / sim.interval_s)):
+        step: list[ControlOutput] = []
+        viewed: list[ControlOutput] = []
+        for spec, value in pack(sim.tick(n)):
+            if isinstance(value, AcceleratorTick | ServingTick):
+                step += whole.tick(value)
+                for view in decode_samples(encode(value), spec.value_type):
+                    viewed += flat.feed(view)
+            else:
+                step += whole.feed(value)
+                viewed += flat.feed(value)
+        assert [o.decision for o in step] == [o.decision for o in viewed], n
+        assert [o.command for o in step] == [o.command for o in viewed], n
+        for o in step:
+            if o.command is not None:
+                dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
+        made += step
+    controllers = Counter(o.decision.controller for o in made if o.command is not None)
+    assert {"power", "capacity"} <= set(controllers), controllers  # caps and budgets both
