@@ -128,6 +128,8 @@ class TpotGuard:
         self.restore: int | None = None  # the target a slowdown cut, to come back to
         self.last_unit_s: float | None = None
         self.jitter: deque[float] = deque(maxlen=config.speed_history)  # |log| period steps
+        # the last step's token-speed move (new unit TPOT over the old), if it saw one
+        self.speed_moved: float | None = None
 
     def step(
         self,
@@ -145,6 +147,7 @@ class TpotGuard:
         ``unit_tpot_s``, the pool's TPOT at a batch of one (None: no speed ceiling)."""
         c, before = self.config, self.target
         self.since_cut += 1
+        self.speed_moved = None
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
             self.low_streak = 0
             return BatchDecision(before, before, BatchReason.INVALID_INPUT, "no TPOT: held")
@@ -222,7 +225,7 @@ class TpotGuard:
         if abs(moved) <= max(c.speed_tolerance, c.speed_noise_multiple * sigma):
             return None
         change = f"{math.exp(moved) - 1:+.0%} since it was last set"
-        self.speed_unit_s = unit_s
+        self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s
         # TPOT grows as 1 + batch / doubling_batch: the largest batch under the cut's mark
         fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
         self.ceiling = max(c.min_batch, min(c.max_batch, fresh))

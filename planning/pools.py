@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
 from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
-from controllers.tpot_guard import TpotGuard
+from controllers.tpot_guard import BatchDecision, TpotGuard
 from planning.racks import RackPlanner
 from planning.registry import CAPACITY, POWER_ROUTING, TPOT_GUARD
 from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
@@ -103,25 +103,35 @@ class ReplicaLoad:
             self.tpot_reports += 1
             self.last_units_s.append(unit_s)
 
-    def room(self, target: int, doubling_batch: float, allowed_s: float) -> float:
+    def unit_now(self) -> float | None:
+        """Its TPOT at a batch of one now: the median of its last three reports (None: none
+        had a TPOT)."""
+        return median(self.last_units_s) if self.last_units_s else None
+
+    def unit(self, now: bool) -> float:
+        """Its TPOT at a batch of one: over the period, or ``now`` (:meth:`unit_now`)."""
+        return (now and self.unit_now()) or self.unit_tpot_s / self.tpot_reports
+
+    def room(self, target: int, doubling_batch: float, allowed_s: float, *, now: bool) -> float:
         """The batch it can run with its TPOT p95 at ``allowed_s``: ``target``, or less where
-        its TPOT (growing as ``1 + batch / doubling_batch``) would reach ``allowed_s`` first."""
+        its TPOT (growing as ``1 + batch / doubling_batch``) would reach ``allowed_s`` first,
+        at its speed over the period or ``now``."""
         if not self.tpot_reports:
             return float(target)
-        unit_s = self.unit_tpot_s / self.tpot_reports
+        unit_s = self.unit(now)
         return min(float(target), max(0.0, doubling_batch * (allowed_s / unit_s - 1.0)))
 
-    def baseline_at(self, room: float, doubling_batch: float) -> float:
+    def baseline_at(self, room: float, doubling_batch: float, *, now: bool) -> float:
         """The sequences its baseline work would hold with the replica full (a batch of
         ``room``). By Little's law a request holds its slot for as long as its tokens take,
         so the baseline's concurrency grows with TPOT: read at today's TPOT it rises when
         optional work slows the replica and falls when that work is taken off, and a
         budget sized on it chases its own shadow. At the TPOT of a full replica it is the
-        baseline's demand on the slots alone."""
+        baseline's demand on the slots alone (at its speed over the period, or ``now``)."""
         mean = self.baseline_work / self.reports
         if not self.tpot_reports or self.tpot_s <= 0:
             return mean
-        full_s = self.unit_tpot_s / self.tpot_reports * (1.0 + room / doubling_batch)
+        full_s = self.unit(now) * (1.0 + room / doubling_batch)
         return mean * full_s / (self.tpot_s / self.tpot_reports)
 
 
@@ -237,16 +247,25 @@ class ControlPlanner(ThrottleIssuer):
         tpot = max((t for t in per_model if t is not None), default=None)
         replicas = list(pool.replicas.values())
         pool.tpot, pool.replicas = {}, {}
+        before, target = pool.capacity.budget, pool.guard.target
+        b = self._guard(pool, tpot, replicas, mandatory=before == 0.0)
         # what the pool can run: each replica's batch target, or less where its TPOT would
-        # pass the latency setpoint first; and what it held, on average over the period
+        # pass the latency setpoint first; and what it held, on average over the period. At
+        # the speed over the period; at the speed now in a period the guard saw the tokens
+        # slow down (feedforward: a slowdown that began late in the period shrinks the room
+        # at this close, not the next; a speed coming back is left to the PID, as raising is
+        # the risky direction)
         allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
-        k = wiring.tpot_doubling_batch
-        rooms = [r.room(pool.guard.target, k, allowed_s) for r in replicas]
+        moved = pool.guard.speed_moved
+        k, now = wiring.tpot_doubling_batch, moved is not None and moved > 1.0
+        rooms = [r.room(target, k, allowed_s, now=now) for r in replicas]
         slots = max(1e-9, sum(rooms))
         load = sum(r.work / r.reports for r in replicas) / slots
         # the work that is not optional: what the budget must leave room for (feedforward)
-        base = sum(r.baseline_at(room, k) for r, room in zip(replicas, rooms, strict=True)) / slots
-        before = pool.capacity.budget
+        base = (
+            sum(r.baseline_at(room, k, now=now) for r, room in zip(replicas, rooms, strict=True))
+            / slots
+        )
         d = pool.capacity.step(
             now=end,
             latency_ratio=None if tpot is None else tpot / wiring.tpot_slo_s,
@@ -285,26 +304,6 @@ class ControlPlanner(ThrottleIssuer):
                         "funnel_extra_candidates": round(spend.funnel_extra, 3),
                         "upgrade_ratio": round(spend.upgrade_ratio, 4)},
             ))  # fmt: skip
-        in_use = max((r.batch_peak for r in replicas), default=None)
-        # the pool's speed now: per model, the median replica's TPOT at a batch of one (by
-        # requests: what moves it is pool-wide), over the replicas no power cap holds (a
-        # capped rack's replicas are slower by the cap's doing, and the router's to weight
-        # down, not a reason to cap every replica's batch); the slowest model's
-        free = [r for r in replicas if r.device_uuid is None or not self.power.holds(r.device_uuid)]
-        speeds: dict[str, list[TpotSample]] = {}
-        for r in free:  # a pool every cap holds: the power side's, no speed reading
-            if r.last_units_s:
-                sample = TpotSample(median(r.last_units_s), max(r.requests, 1))
-                speeds.setdefault(r.model, []).append(sample)
-        units = (_by_requests(s, 0.5) for s in speeds.values())
-        unit = max((u for u in units if u is not None), default=None)
-        # work waiting on average over the period, on a replica whose cap binds
-        waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
-        b = pool.guard.step(
-            tpot_p95_s=tpot, slo_s=wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
-            mandatory=before == 0.0,  # no optional work admitted: what waits is mandatory
-            unit_tpot_s=unit,
-        )  # fmt: skip
         if b.target != b.previous:
             out.append(self._output(
                 end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
@@ -313,6 +312,30 @@ class ControlPlanner(ThrottleIssuer):
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
         return out + self._route_replicas(name, end, replicas)
+
+    def _guard(
+        self, pool: _Pool, tpot: float | None, replicas: list[ReplicaLoad], *, mandatory: bool
+    ) -> BatchDecision:
+        """The TPOT guard's step for the period: its batch target."""
+        in_use = max((r.batch_peak for r in replicas), default=None)
+        # the pool's speed now: per model, the median replica's TPOT at a batch of one (by
+        # requests: what moves it is pool-wide), over the replicas no power cap holds (a
+        # capped rack's replicas are slower by the cap's doing, and the router's to weight
+        # down, not a reason to cap every replica's batch); the slowest model's
+        free = [r for r in replicas if r.device_uuid is None or not self.power.holds(r.device_uuid)]
+        speeds: dict[str, list[TpotSample]] = {}
+        for r in free:  # a pool every cap holds: the power side's, no speed reading
+            if (unit_s := r.unit_now()) is not None:
+                speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
+        units = (_by_requests(s, 0.5) for s in speeds.values())
+        unit = max((u for u in units if u is not None), default=None)
+        # work waiting on average over the period, on a replica whose cap binds
+        waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
+        return pool.guard.step(
+            tpot_p95_s=tpot, slo_s=self.wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
+            mandatory=mandatory,  # no optional work admitted: what waits is mandatory
+            unit_tpot_s=unit,
+        )  # fmt: skip
 
     def _route_caps(self, outputs: list[ControlOutput]) -> list[ControlOutput]:
         """Each cap the power side just set under a device's draw: that replica's weight."""

@@ -420,14 +420,17 @@ def test_capped_devices_get_less_work_and_their_tpot_meets_their_peers_then_come
     assert sim.fleet.router.replica_weights == {}
 
 
-def _speed_decisions(unit_s: Callable[[int], float]) -> list[Decision]:
+def _speed_decisions(
+    unit_s: Callable[[int], float], *, controller: str = "tpot_guard", optional: int = 0
+) -> list[Decision]:
     """Two minutes of one replica's serving reports, a second apart, its TPOT at a batch of
-    one ``unit_s(second)`` and its batch 64 (SLO 60 ms): the TPOT guard's decisions."""
+    one ``unit_s(second)`` and its batch 64 (SLO 60 ms), ``optional`` of its 10 requests a
+    second optional work: the decisions of ``controller``."""
     planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
     out = []
     for k in range(120):
-        m = _report(k, tpot_s=unit_s(k) * 1.5, queue=0, batch=64, optional=0)
-        out += [o.decision for o in planner.serving(m) if o.decision.controller == "tpot_guard"]
+        m = _report(k, tpot_s=unit_s(k) * 1.5, queue=0, batch=64, optional=optional)
+        out += [o.decision for o in planner.serving(m) if o.decision.controller == controller]
     return out
 
 
@@ -443,6 +446,25 @@ def test_the_batch_cap_follows_a_slowdown_at_the_close_it_shows_and_not_a_spike(
         ("token_speed", 161.0, timedelta(seconds=80)),
         ("token_speed", 256.0, timedelta(seconds=110)),
     ]
+
+
+def test_a_slowdown_the_guard_sees_cuts_the_budget_at_the_same_close() -> None:
+    # a replica at batch 64 with half its requests optional, 2.2x slower from the period's
+    # last two seconds: the room at the speed now (128 * (0.9 * 60 / 39.6 - 1) = 47 of the
+    # 256 the cap allows) is under the batch it runs, and the budget is cut at that close,
+    # not at the next (the period's mean speed is hardly slower)
+    steady = _speed_decisions(lambda k: 0.018, controller="capacity", optional=5)
+    slowed = _speed_decisions(
+        lambda k: 0.0396 if k >= 78 else 0.018, controller="capacity", optional=5
+    )
+    assert steady[-1].applied is not None and steady[-1].applied > 0  # optional work admitted
+    grown = [d for d in slowed if d.decided_at - START < timedelta(seconds=80)]
+    same = [(d.decided_at, d.applied) for d in steady[: len(grown)]]
+    assert [(d.decided_at, d.applied) for d in grown] == same  # until the slowdown shows
+    after = [d for d in slowed if d.decided_at - START >= timedelta(seconds=80)]
+    assert after[0].decided_at - START == timedelta(seconds=80), after[0]
+    assert after[0].applied is not None and grown[-1].applied is not None
+    assert after[0].applied < grown[-1].applied, (after[0].message, grown[-1].message)
 
 
 def test_node_tick_envelopes_make_the_decisions_their_flat_samples_make() -> None:
