@@ -28,9 +28,9 @@ class EventClock:
     def __init__(
         self, *, min_gap_s: float = 0.5, alpha: float = 0.3, max_ahead_s: float = 60.0
     ) -> None:
-        self._event: datetime | None = None
         self._newest: datetime | None = None  # the newest event time seen
-        self._wall_s = 0.0
+        self._newest_wall_s = 0.0  # when it arrived
+        self._floor: datetime | None = None  # the latest time told: never told less again
         self._anchor: tuple[datetime, float] | None = None  # last point the rate was taken at
         self.rate = 1.0
         self.min_gap_s = min_gap_s
@@ -39,7 +39,7 @@ class EventClock:
 
     @property
     def started(self) -> bool:
-        return self._event is not None
+        return self._newest is not None
 
     def observe(self, event_at: datetime, wall_s: float) -> None:
         """An event observed at ``event_at`` arrived at monotonic ``wall_s``."""
@@ -52,17 +52,22 @@ class EventClock:
                 sample = min(max(sample, 0.1), 1000.0)
                 self.rate += self.alpha * (sample - self.rate)
                 self._anchor = (event_at, wall_s)
-        if self._event is None or event_at > self.now(wall_s):
-            self._event, self._wall_s = event_at, wall_s
         if self._newest is None or event_at > self._newest:
-            self._newest = event_at
+            self._newest, self._newest_wall_s = event_at, wall_s
 
     def now(self, wall_s: float) -> datetime:
-        if self._event is None:
+        """The newest event time, moved on at the rate for the wall time since it arrived
+        (at most ``max_ahead_s``), and never less than a time already told. Extrapolated
+        from the newest event itself, not from the last time told: a rate still high from
+        a burst (a restarted detector catching up) puts the clock ahead for a moment, and
+        it then stands still while the events catch up, rather than staying ahead of them
+        for good (a ladder whose clock ran ahead of the verdicts would end probations
+        early)."""
+        if self._newest is None:
             raise RuntimeError("the event clock has seen no event yet")
-        assert self._newest is not None
-        ahead = max(0.0, wall_s - self._wall_s) * self.rate
-        return min(
-            self._event + timedelta(seconds=ahead),
-            self._newest + timedelta(seconds=self.max_ahead_s),
-        )
+        ahead = min(self.max_ahead_s, max(0.0, wall_s - self._newest_wall_s) * self.rate)
+        told = self._newest + timedelta(seconds=ahead)
+        if self._floor is not None and told < self._floor:
+            return self._floor
+        self._floor = told
+        return told
