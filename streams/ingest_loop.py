@@ -258,7 +258,7 @@ class IngestLoop:
         for tp, offset in kept.items():
             self._uncommitted[tp] = max(offset, self._uncommitted.get(tp, offset))
         if self.uncommitted is not None and not kept:
-            self.uncommitted.set(0)  # a refused commit leaves its messages counted
+            self.uncommitted.set(0)  # one the broker did not answer leaves them counted
 
     async def _settle(self) -> None:
         """Wait until every prepared batch is written (or the writer failed)."""
