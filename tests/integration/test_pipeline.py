@@ -29,7 +29,8 @@ from agents.publisher import KafkaPublisher
 from fleetloop.kafka_broker import free_port
 from fleetloop.topics_admin import ensure_topics
 from schemas.codec import encode
-from schemas.topics import ACCELERATOR_TICKS, TELEMETRY_TOPICS, TopicSpec
+from schemas.topics import ACCELERATOR_TICKS, INGESTED_TOPICS, TELEMETRY_TOPICS, TopicSpec
+from streams.lag import fetch_lag
 from tests.factories import fleet_events, malformed_payloads
 from tests.integration.worker_proc import WorkerProcess
 
@@ -61,16 +62,25 @@ def _counts(worker: WorkerProcess) -> dict[str, tuple[int, int]]:
     return {row[0]: (int(row[1]), int(row[2])) for row in worker.sql(COUNTS_SQL)}
 
 
+def _settled(worker: WorkerProcess) -> bool:
+    """Whether the worker's ingest has committed every message on its topics: it commits
+    only what it has written, so nothing more (a duplicate) can land after this."""
+    group = f"{worker.app_id}.ingest"
+    topics = [worker.prefix + spec.name for spec in INGESTED_TOPICS]
+    return sum(asyncio.run(fetch_lag(worker.bootstrap, group, topics)).values()) == 0
+
+
 def _wait_for(
     worker: WorkerProcess, events: int, dead: int, timeout_s: float = 180.0
 ) -> dict[str, tuple[int, int]]:
+    """The counts once ClickHouse holds ``events`` event rows and ``dead`` dead letters and
+    the worker has committed everything it read."""
     deadline = time.monotonic() + timeout_s
     counts: dict[str, tuple[int, int]] = {}
     while time.monotonic() < deadline:
         counts = _counts(worker)
         stored = sum(c for t, (c, _) in counts.items() if t != "dead_letters")
-        if stored >= events and counts["dead_letters"][0] >= dead:
-            time.sleep(2.0)  # anything extra (a duplicate) would land now
+        if stored >= events and counts["dead_letters"][0] >= dead and _settled(worker):
             return _counts(worker)
         time.sleep(0.5)
     raise AssertionError(f"timed out at {counts}\n{worker.log_tail()}")

@@ -27,6 +27,7 @@ class WorkerProcess:
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
+        self.bootstrap, self.prefix = bootstrap, prefix
         self.token = secrets.token_urlsafe(24)  # the pages' token (/sql, guardrail reset)
         self.extra_env = {
             "FLEETLOOP_PAGE_TOKEN": self.token,
@@ -107,6 +108,12 @@ class WorkerProcess:
             f"AND target = '{device}' AND outcome = 'issued' ORDER BY decided_at"
         )
         return [r[0] for r in rows]
+
+    @property
+    def app_id(self) -> str:
+        """Its app id (the last ``--app-id`` it is given wins), its groups' prefix."""
+        at = len(self.args) - 1 - self.args[::-1].index("--app-id")
+        return self.args[at + 1]
 
     def metric(self, name: str) -> float:
         total = 0.0
