@@ -39,7 +39,10 @@ ceiling moves at once to the largest batch whose TPOT stays under
 slo / unit - 1)`` (``token_speed``): a slowdown cuts the cap to it in the
 period it shows, with no cut on top until the trend holds only readings
 taken at the new cap, and no raise past it; the speed coming back returns
-the cap it cut. The first reading only sets the speed it starts from.
+the cap it cut. The first reading only sets the speed it starts from. A step
+that sees the speed move says by how much (``speed_moved``, the new unit TPOT
+over the old): the control planner sizes the optional-work budget's room at
+the speed now in a period the tokens slowed down.
 
 Example::
 
