@@ -89,14 +89,13 @@ def _wait_for(
 def _written(worker: WorkerProcess) -> tuple[int, int]:
     """Event rows this process has written to ClickHouse, and the messages it has written
     whose offsets are not committed yet (what a crash now would make the next one re-read)."""
-    rows = pending = 0
-    for line in worker.get("/metrics").decode().splitlines():
-        value = line.rsplit(" ", 1)[-1]
-        if line.startswith("fleetloop_sink_rows_total{") and 'table="dead_letters"' not in line:
-            rows += int(float(value))
-        elif line.startswith("fleetloop_ingest_uncommitted_messages "):
-            pending = int(float(value))
-    return rows, pending
+    rows = pending = 0.0
+    for series, value in worker.series():  # one scrape: both readings of one instant
+        if series.startswith("fleetloop_sink_rows_total{") and "dead_letters" not in series:
+            rows += value
+        elif series == "fleetloop_ingest_uncommitted_messages":
+            pending = value
+    return int(rows), int(pending)
 
 
 def _stop_mid_stream(

@@ -115,12 +115,18 @@ class WorkerProcess:
         at = len(self.args) - 1 - self.args[::-1].index("--app-id")
         return self.args[at + 1]
 
-    def metric(self, name: str) -> float:
-        total = 0.0
+    def series(self) -> list[tuple[str, float]]:
+        """One scrape of its metrics: each series (name and labels) with its value."""
+        out = []
         for line in self.get("/metrics").decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            if line and not line.startswith("#"):
+                series, value = line.rsplit(" ", 1)
+                out.append((series, float(value)))
+        return out
+
+    def metric(self, name: str) -> float:
+        """A metric summed over its label sets."""
+        return sum(v for s, v in self.series() if s == name or s.startswith(name + "{"))
 
     def kill(self) -> None:
         assert self.proc is not None
