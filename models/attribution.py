@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from models.evidence import refractory, streak
 from models.health_state import Reading, counted, over_threshold
 from schemas.verdicts import HealthStatus, Level
 
@@ -292,7 +293,7 @@ class CommonMode:
         it is not healthy); a group healthy again is said so once and no longer watched."""
         out: list[GroupJudgement] = []
         for key, state in list(self.watched.items()):
-            over: dict[str, float] = {}
+            over_now: list[str] = []
             readings: dict[str, GroupReading] = {}
             members = 0
             for counting, kinds in GROUPS_OF.items():
@@ -301,14 +302,13 @@ class CommonMode:
                 name = MEASURED_BY.get(counting, counting)
                 g = self.reading(key, name, at_s)
                 if g is None:
-                    state.since.pop(name, None)
                     continue
                 readings[name] = g
                 members = max(members, g.members)
                 if self.group_over(name, g) and not self._broader(key, name, g, kinds, at_s):
-                    over[name] = at_s - state.since.setdefault(name, at_s)
-                else:
-                    state.since.pop(name, None)
+                    over_now.append(name)
+            # judged as a device is (models.evidence): over, then sustained
+            over = streak(state.since, over_now, at_s)
             if any(held >= self.sustain_s for held in over.values()):
                 status = HealthStatus.DYING
             elif over:
@@ -316,8 +316,8 @@ class CommonMode:
             else:
                 status = HealthStatus.HEALTHY
             previous = state.status
-            due = status is not HealthStatus.HEALTHY and (
-                at_s - state.emitted_s >= self.verdict_interval_s
+            due = status is not HealthStatus.HEALTHY and not refractory(
+                state.emitted_s, at_s, self.verdict_interval_s
             )
             if status is not previous or due:
                 state.status, state.emitted_s = status, at_s

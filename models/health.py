@@ -74,6 +74,7 @@ from uuid import UUID
 from models.attribution import GROUPS_OF, CommonMode, GroupJudgement, Shared
 from models.cohort import Cohorts
 from models.counts import RiseState
+from models.evidence import refractory, streak
 from models.health_state import (
     DeviceState,
     EwRegression,
@@ -578,23 +579,19 @@ class HealthDetector:
                     if c.common_mode and s.name in GROUPS_OF
                     else None
                 )
-                if group is not None:  # its group's, not its own (models.attribution)
+                if group is None:  # else its group's, not its own (models.attribution)
+                    over.append(s)
+                else:
                     shared.append((s, group))
-                    device.since.pop(s.name, None)
-                    continue
-                over.append(s)
-                device.since.setdefault(s.name, at_s)
-            else:
-                device.since.pop(s.name, None)
-        if len(device.since) > len(over):  # a signal with no reading now is over no longer
-            device.since = {s.name: device.since[s.name] for s in over}
+        # a signal under its threshold, shared, or with no reading now is over no longer
+        held = streak(device.since, [s.name for s in over], at_s)
         sustained = [
             s
             for s in over
             if (
                 s.value >= s.threshold
                 if counted(s.name) or sequential(s.name)
-                else at_s - device.since[s.name] >= c.sustain_s
+                else held[s.name] >= c.sustain_s
             )
         ]
         if hard:
@@ -609,7 +606,7 @@ class HealthDetector:
         if (
             status is device.status
             and confirmed is device.confirmed_emitted
-            and at_s - device.emitted_s < c.verdict_interval_s
+            and refractory(device.emitted_s, at_s, c.verdict_interval_s)
         ):
             return []  # most samples end here: what follows is for a verdict that goes out
         if status is HealthStatus.HEALTHY:

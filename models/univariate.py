@@ -35,6 +35,9 @@ Three stages, each scored before it learns:
 3. **refractory**: after an alarm (likelihood over ``alarm``) the output is
    halved for ``refractory`` values, so one anomaly is one detection.
 
+Stages 2 and 3 are :mod:`models.evidence`'s likelihood and refractory, the same
+code the fleet's health detector says its verdicts with.
+
 The output is in [0, 1]; a higher score is more anomalous. As in river,
 ``score_one`` scores a value given only the past and changes nothing;
 ``learn_one`` learns it. Score first, then learn:
@@ -58,8 +61,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
+
+from models.evidence import RollingMoments, likelihood, rank, refractory
+
+__all__ = ["StreamScorer", "StreamScorerConfig", "WindowedGaussian", "neighbours"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,40 +107,6 @@ def neighbours(config: StreamScorerConfig | None = None) -> dict[str, StreamScor
     return out
 
 
-@dataclass(slots=True)
-class RollingMoments:
-    """The last ``size`` values with their running sum and sum of squares: mean and spread
-    in O(1) per value (the scorer's likelihood history, the windowed Gaussian's window)."""
-
-    size: int
-    values: deque[float] = field(init=False)
-    total: float = 0.0
-    squares: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.values = deque(maxlen=self.size)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def add(self, value: float) -> None:
-        if len(self.values) == self.values.maxlen:
-            old = self.values[0]
-            self.total -= old
-            self.squares -= old * old
-        self.values.append(value)
-        self.total += value
-        self.squares += value * value
-
-    def mean(self) -> float:
-        return self.total / len(self.values)
-
-    def spread(self) -> float:
-        """The population standard deviation of the values held."""
-        mean = self.mean()
-        return math.sqrt(max(self.squares / len(self.values) - mean * mean, 0.0))
-
-
 class StreamScorer:
     """Scores each value of one stream against its past (0: usual, 1: anomalous);
     :meth:`learn_one` then learns it."""
@@ -158,7 +131,7 @@ class StreamScorer:
         # the likelihood: the last raw scores, and the history of their mean
         self.raw_short: deque[float] = deque(maxlen=c.short)
         self.history = RollingMoments(c.long)  # of _surprisal(short mean)
-        self.quiet_until = 0
+        self.alarmed_at = -math.inf  # values seen at the last alarm (refractory from it)
 
     def score_one(self, value: float, at: datetime | None = None) -> float:
         """The score of ``value`` given only the past; changes nothing (river's contract:
@@ -172,7 +145,7 @@ class StreamScorer:
         if seen <= c.warmup:
             return 0.0
         score, _ = self._assess(self._raw(value))
-        return score * 0.5 if seen < self.quiet_until else score
+        return score * 0.5 if refractory(self.alarmed_at, seen, c.refractory) else score
 
     def learn_one(self, value: float, at: datetime | None = None) -> None:
         """Learn ``value`` (observed at ``at``, if known): the predictors, the histogram,
@@ -184,11 +157,12 @@ class StreamScorer:
         if at is not None:
             self._season_from(at)
         raw = self._raw(value)
-        _, likelihood = self._assess(raw)
+        _, sure = self._assess(raw)
         self._learn(value)
         self.n += 1
-        if self.n > c.warmup and self.n >= self.quiet_until and likelihood >= c.alarm:
-            self.quiet_until = self.n + c.refractory
+        quiet = refractory(self.alarmed_at, self.n, c.refractory)
+        if self.n > c.warmup and not quiet and sure >= c.alarm:
+            self.alarmed_at = self.n
         self.raw_short.append(raw)
         self.history.add(_surprisal(sum(self.raw_short) / len(self.raw_short)))
 
@@ -204,10 +178,9 @@ class StreamScorer:
         now = _surprisal(sum(recent) / len(recent))
         spread = max(self.history.spread(), self.config.min_spread)
         z = (now - self.history.mean()) / spread
-        likelihood = 1.0 - 0.5 * math.erfc(z / math.sqrt(2.0))
-        # the same order as the likelihood, without its saturation at 1.0 in floating point
+        # the score: the likelihood's order, without its saturation at 1.0 in floating point
         # (so the corpus threshold can still tell a strong anomaly from an overwhelming one)
-        return 0.5 + 0.5 * z / (1.0 + abs(z)), likelihood
+        return rank(z), likelihood(z)
 
     def _season_from(self, at: datetime) -> None:
         """The season's length in samples, from the spacing of the first two timestamps."""
