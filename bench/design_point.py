@@ -48,6 +48,7 @@ from schemas.topics import (
     DEMAND,
     NODE_HEALTH,
     PDU,
+    SERVING_STEPS,
     SERVING_TICKS,
     TELEMETRY_TOPICS,
     TopicKind,
@@ -58,13 +59,14 @@ from streams.rows import LAYOUTS
 
 DESIGN_DEVICES = 100_000
 DEVICES_PER_NODE = 8
-ROLE_GROUPS: dict[str, tuple[str, ...]] = {
-    "ingest": ("ingest",),
-    "health": ("health.detect",),
-    "demand": ("demand.plan",),
-    "control": ("control.plan",),
+ROLE_GROUPS: dict[str, tuple[tuple[str, tuple[TopicSpec, ...]], ...]] = {
+    "ingest": (("ingest", (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND)),),
+    "health": (("health.detect", (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS)),),
+    "demand": (("demand.serving", (SERVING_TICKS,)), ("demand.plan", (DEMAND, SERVING_STEPS))),
+    "control": (("control.plan", (SERVING_TICKS, PDU, ACCELERATOR_TICKS)),),
 }
-"""The consumer groups (suffixes of the app id) that read each role's telemetry."""
+"""The consumer groups (suffixes of the app id) of each role, and what each reads: the
+telemetry, and the demand role's own repartition (``demand.serving`` to ``demand.plan``)."""
 ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
     "ingest": (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND),
     "health": (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS),
@@ -85,7 +87,7 @@ def _run_role(
 ) -> tuple[float, float]:
     """Input samples per CPU second, and per wall second, of one role's worker process,
     from the moment it answers (before it joins its group: the wall rate includes the
-    join, a few seconds; the CPU rate hardly does) until its group's lag is nil."""
+    join, a few seconds; the CPU rate hardly does) until its groups' lag is nil."""
     sys.path.insert(0, str(REPO_ROOT))
     from tests.integration.worker_proc import WorkerProcess
 
@@ -93,8 +95,10 @@ def _run_role(
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, home=home, web_port=free_port())
     worker.args[worker.args.index("--app-id") + 1] = app_id
     worker.args += ["--processors", role, "--loglevel", "warning"]
-    groups = [f"{app_id}.{suffix}" for suffix in ROLE_GROUPS[role]]
-    topics = [prefix + spec.name for spec in ROLE_INPUTS[role]]
+    groups = [
+        (f"{app_id}.{suffix}", [prefix + spec.name for spec in reads])
+        for suffix, reads in ROLE_GROUPS[role]
+    ]
     total = sum(inputs[spec.name] for spec in ROLE_INPUTS[role])
     worker.start()  # returns once it answers: imported, ClickHouse open, about to join
     try:
@@ -107,7 +111,7 @@ def _run_role(
             try:
                 lag = sum(
                     sum(asyncio.run(fetch_lag(bootstrap, group, topics)).values())
-                    for group in groups
+                    for group, topics in groups
                 )
             except KafkaError:  # the group's coordinator is not known yet: ask again
                 time.sleep(0.25)

@@ -13,8 +13,20 @@ Every warm and cool passes the shared guardrail (:meth:`Guardrail.check_scaling`
 fail-static on stale demand; cools rate-limited per model and pool, and none
 during a lockout); a refusal is a decision with the guardrail's reason.
 
-``demand.plan`` (:mod:`streams.demand`) adapts it: demand and serving telemetry
-in; forecasts on ``forecasts.v1``; a decision per warm or cool on
+What served in a step comes as :class:`~schemas.derived.ServingStep` records: per
+(model, region, pool) and per source (a partition of the serving telemetry), the
+replicas that served requests in the step and the requests they served, so far.
+:class:`ServingSteps` makes them from serving samples. In the worker they are a
+repartition: ``demand.serving`` reads the serving telemetry (keyed by node, split
+over every process that runs the role) and sends them keyed by model and region,
+and ``demand.plan`` reads them with the demand (the same key, the same
+partitions), so each (model, region) is planned by one process that hears every
+partition's part. Within a step a source's later record counts at least as much
+as an earlier one, and the planner keeps the largest: a copy or a replay changes
+nothing. In one process, :meth:`DemandPlanner.serving` runs the same two steps.
+
+``demand.plan`` (:mod:`streams.demand`) adapts it: demand and serving steps in;
+forecasts on ``forecasts.v1``; a decision per warm or cool on
 ``decisions.v1``, with a signed ``WarmCommand`` for the warmer when a signing
 key is configured.
 
@@ -43,7 +55,8 @@ from models.forecast import DemandForecaster
 from planning.issuing import IssuerWiring, Output, issue
 from planning.registry import WARMING
 from schemas.commands import Target, WarmAction, WarmCommand
-from schemas.envelopes import AnyServingSample
+from schemas.derived import ServingStep
+from schemas.envelopes import AnyServingSample, ReplicaSample, ServingTick
 from schemas.events import Demand
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 
@@ -84,9 +97,10 @@ class _Key:
     policy: WarmingPolicy
     step: int = -1
     requests: float = 0.0
-    replicas: dict[str, set[str]] = field(default_factory=dict)  # pool -> replicas this step
-    served: float = 0.0  # requests the replicas served this step
+    # step -> (source, pool) -> (replicas that served, requests served): the largest heard
+    served: dict[int, dict[tuple[str, str], tuple[int, int]]] = field(default_factory=dict)
     capacity_rps: float = 0.0  # highest rate per replica seen so far: what one can carry
+    closed: tuple[int, dict[str, int]] = (-1, {})  # the last step closed, its replicas by pool
     loading: list[tuple[str, datetime]] = field(default_factory=list)  # (pool, ready by)
 
 
@@ -98,6 +112,116 @@ class WarmStep:
     at: datetime
     decision: WarmDecision
     guard: GuardDecision
+
+
+@dataclass(slots=True)
+class _Open:
+    """What one source has seen of one (model, region, pool) in its current step."""
+
+    step: int
+    replicas: set[str] = field(default_factory=set)
+    requests: int = 0
+    observed_s: float = -math.inf  # event time of the newest sample counted
+    observed_at: datetime | None = None  # the same, as it came
+    sent: tuple[int, int] = (-1, -1)  # (replicas, requests) last sent
+    sent_s: float = -math.inf  # event time of the last sent
+
+
+def _count(
+    entry: _Open, replica: AnyServingSample | ReplicaSample, at_s: float, at: datetime
+) -> None:
+    """One replica's report into ``entry``: it served if it served a request."""
+    if replica.requests > 0:
+        entry.replicas.add(replica.replica_id)
+        entry.requests += replica.requests
+    if at_s > entry.observed_s:
+        entry.observed_s, entry.observed_at = at_s, at
+
+
+class ServingSteps:
+    """Serving samples into :class:`ServingStep` records: per source (a partition of the
+    serving telemetry), per (model, region, pool), per demand step of ``step_s``.
+
+    :meth:`tick` (a node-tick envelope, whole) and :meth:`add` (one sample) count into
+    the step the samples' own event time says (a sample older than its entry's step is
+    late and counted nowhere: ``late`` counts them). :meth:`flush` returns the records
+    that changed: at once when a replica count moved or a step ended; when only requests
+    grew, once ``report_every_s`` of event time has passed (by default never: a planner
+    reads a step's replicas as they join and its requests once the step has ended, at
+    its next close; one record per replica joining and one at the end, not one per
+    batch)."""
+
+    def __init__(self, step_s: float, *, report_every_s: float | None = None) -> None:
+        self.step_s = step_s
+        self.report_every_s = math.inf if report_every_s is None else report_every_s
+        self.open: dict[tuple[str, str, str, str], _Open] = {}  # (source, model, region, pool)
+        self.closed: list[ServingStep] = []  # ended steps' last records, not yet flushed
+        self.late = 0
+
+    def tick(self, tick: ServingTick, source: str) -> None:
+        """Every replica of one node-tick envelope (its header read once)."""
+        at, region = tick.observed_at, tick.region
+        at_s = at.timestamp()
+        step = int(at_s // self.step_s)
+        for replica in tick.samples:
+            entry = self._entry((source, replica.model, region, replica.pool), step)
+            if entry is not None:
+                _count(entry, replica, at_s, at)
+
+    def add(self, sample: AnyServingSample, source: str) -> None:
+        """One replica's sample (a v1 message, or a view of an envelope's)."""
+        at = sample.observed_at
+        at_s = at.timestamp()
+        entry = self._entry(
+            (source, sample.model, sample.region, sample.pool), int(at_s // self.step_s)
+        )
+        if entry is not None:
+            _count(entry, sample, at_s, at)
+
+    def _entry(self, slot: tuple[str, str, str, str], step: int) -> _Open | None:
+        """``slot``'s entry for ``step``: a later step ends the one open (its last record
+        goes out with the next flush); None for an earlier one (late)."""
+        entry = self.open.get(slot)
+        if entry is None or step > entry.step:
+            if entry is not None and entry.sent != (len(entry.replicas), entry.requests):
+                self.closed.append(self._record(slot, entry))
+            entry = self.open[slot] = _Open(step)
+        elif step < entry.step:
+            self.late += 1
+            return None
+        return entry
+
+    def flush(self, *, force: bool = False) -> list[ServingStep]:
+        """The records due: every ended step's last, and each open entry that changed (its
+        replica count at once; its requests once ``report_every_s`` has passed, or with
+        ``force``)."""
+        out, self.closed = self.closed, []
+        every = self.report_every_s
+        for slot, entry in self.open.items():
+            if entry.observed_at is None:
+                continue
+            replicas = len(entry.replicas)
+            if replicas == entry.sent[0] and entry.requests == entry.sent[1]:
+                continue
+            if force or replicas != entry.sent[0] or entry.observed_s - entry.sent_s >= every:
+                out.append(self._record(slot, entry))
+        return out
+
+    def release(self, sources: set[str]) -> None:
+        """Forget what ``sources`` were counting (their partitions moved elsewhere)."""
+        self.open = {k: v for k, v in self.open.items() if k[0] not in sources}
+
+    def _record(self, slot: tuple[str, str, str, str], entry: _Open) -> ServingStep:
+        source, model, region, pool = slot
+        assert entry.observed_at is not None
+        entry.sent = (len(entry.replicas), entry.requests)
+        entry.sent_s = entry.observed_s
+        return ServingStep(
+            model=model, region=region, pool=pool,
+            step_at=datetime.fromtimestamp(entry.step * self.step_s, UTC), step_s=self.step_s,
+            source=source, replicas=entry.sent[0], requests=entry.sent[1],
+            observed_at=entry.observed_at,
+        )  # fmt: skip
 
 
 class DemandPlanner:
@@ -118,6 +242,9 @@ class DemandPlanner:
             )
         )
         self.keys: dict[tuple[str, str], _Key] = {}
+        # serving samples fed here, in one process: every change reported as it comes
+        self.local = ServingSteps(wiring.step_s, report_every_s=0.0)
+        self.foreign_steps = 0  # serving steps of another step length: not counted
 
     def _steps(self, seconds: float) -> int:
         return max(1, math.ceil(seconds / self.wiring.step_s))
@@ -133,10 +260,31 @@ class DemandPlanner:
         return k
 
     def serving(self, metrics: AnyServingSample) -> None:
-        if metrics.requests > 0:
-            k = self._key(metrics.model, metrics.region)
-            k.replicas.setdefault(metrics.pool, set()).add(metrics.replica_id)
-            k.served += metrics.requests
+        """One replica's serving report, in one process: through :class:`ServingSteps` into
+        :meth:`serving_step`, as the worker's two stages do."""
+        self.local.add(metrics, "local")
+        for record in self.local.flush():
+            self.serving_step(record)
+
+    def release(self, keys: set[tuple[str, str]]) -> None:
+        """Forget ``keys`` (model, region): another process plans them now."""
+        for k in keys:
+            self.keys.pop(k, None)
+
+    def serving_step(self, record: ServingStep) -> None:
+        """What a source saw a (model, region, pool) serve in a step so far: kept, per
+        source and pool, as the largest heard (a copy or a replay changes nothing)."""
+        if record.step_s != self.wiring.step_s:
+            self.foreign_steps += 1
+            return
+        k = self._key(record.model, record.region)
+        step = int(record.step_at.timestamp() // self.wiring.step_s)
+        if step < k.step - 1:
+            return  # nothing reads a step closed before the last any more
+        parts = k.served.setdefault(step, {})
+        slot = (record.source, record.pool)
+        replicas, requests = parts.get(slot, (0, 0))
+        parts[slot] = (max(replicas, record.replicas), max(requests, record.requests))
 
     def demand(
         self, demand: Demand, *, now: datetime | None = None
@@ -187,11 +335,17 @@ class DemandPlanner:
             for h, b in bands.items()
         ]
         key.loading = [(p, ready) for p, ready in key.loading if ready > end]
-        ready = sum(len(r) for r in key.replicas.values())
-        by_pool = Tally({p: len(r) for p, r in key.replicas.items()})
-        if ready:
-            key.capacity_rps = max(key.capacity_rps, key.served / wiring.step_s / ready)
-        key.replicas, key.served = {}, 0.0
+        by_pool, _ = _served(key.served.get(key.step, {}))
+        ready = by_pool.total()
+        key.closed = (key.step, dict(by_pool))
+        # what one replica carried: in the step closing, as far as it has been heard, and in
+        # the one before, whose last counts came with this step's first samples
+        for step in (key.step - 1, key.step):
+            replicas, served = _served(key.served.get(step, {}))
+            if replicas.total():
+                carried = served / wiring.step_s / replicas.total()
+                key.capacity_rps = max(key.capacity_rps, carried)
+        key.served = {s: parts for s, parts in key.served.items() if s >= key.step}
         busiest = by_pool.most_common(1)[0][0] if by_pool else f"{region}-{wiring.pool_suffix}"
         load_s = wiring.load_s_for(busiest)
         d = key.policy.step(
@@ -208,6 +362,18 @@ class DemandPlanner:
             ready_by = end + timedelta(seconds=load_s * 2)
             key.loading += [(busiest, ready_by)] * d.replicas
         return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
+
+
+def _served(parts: Mapping[tuple[str, str], tuple[int, int]]) -> tuple[Tally[str], int]:
+    """A step's replicas that served, by pool, and the requests they served, summed over
+    the sources heard."""
+    by_pool: Tally[str] = Tally()
+    served = 0
+    for (_, pool), (replicas, requests) in parts.items():
+        if replicas:
+            by_pool[pool] += replicas
+            served += requests
+    return by_pool, served
 
 
 def decide_warm(

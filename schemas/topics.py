@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
+from schemas.derived import ServingStep
 from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
 from schemas.state import DetectorMemory, IsolationRecord
@@ -33,6 +34,7 @@ class TopicKind(StrEnum):
     FORECAST = "forecast"
     DEAD_LETTER = "dead_letter"
     STATE = "state"
+    DERIVED = "derived"  # between the pipeline's own stages (a repartition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +267,24 @@ HEALTH_STATE = TopicSpec(
 
 STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE)
 
+SERVING_STEPS = TopicSpec(
+    "demand.serving-steps.v1",
+    TopicKind.DERIVED,
+    ServingStep,
+    ("model", "region"),
+    partitions=DEMAND.partitions,  # co-partitioned with the demand: same key, same count
+    retention_ms=DAY_MS,
+)
+"""The demand role's repartition of serving telemetry from node keys to model|region keys
+(:mod:`schemas.derived`); not ingested."""
+
+DERIVED_TOPICS: tuple[TopicSpec, ...] = (SERVING_STEPS,)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INGESTED_TOPICS,
     *(dead_letter_topic(t) for t in INGESTED_TOPICS),
     *STATE_TOPICS,
+    *DERIVED_TOPICS,
 )
 
 _BY_NAME = {t.name: t for t in ALL_TOPICS}

@@ -1,6 +1,22 @@
-"""The ``demand.plan`` processor: demand and serving telemetry into the demand planner
-(:mod:`planning.demand`); forecasts, warm commands and decisions out. A role loop
-(:mod:`streams.role_loop`): it reads every serving sample of the fleet."""
+"""The demand role: serving telemetry and demand into the demand planner
+(:mod:`planning.demand`); forecasts, warm commands and decisions out.
+
+Two role loops (:mod:`streams.role_loop`), so the role runs in as many processes as
+the partitions allow:
+
+- ``demand.serving`` reads the serving telemetry (node-tick envelopes and v1), keyed
+  by node and split over the processes like any telemetry, and sends what each of its
+  partitions saw each (model, region, pool) serve in each demand step as
+  :class:`~schemas.derived.ServingStep` records on ``demand.serving-steps.v1``, keyed by
+  model and region: a repartition;
+- ``demand.plan`` reads the demand and those records, co-partitioned (one key, one
+  partition count, Kafka's range assignment), so each (model, region) is planned by
+  one process that hears every serving partition's part of it.
+
+Records are sent as the batches that made them are handled and are on the broker before
+those batches' offsets are committed (the role loops' rule); a replay sends the same or
+smaller counts, and the planner keeps the largest per source and step.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +24,18 @@ import time
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry, Counter
 
 from controllers.clock import EventClock
-from planning.demand import DemandPlanner, DemandWiring, decide_warm
-from schemas.codec import DecodeError, decode, decode_samples, encode
-from schemas.events import Demand
-from schemas.topics import DEMAND, FORECASTS, SERVING, SERVING_TICKS, TopicSpec
+from planning.demand import DemandPlanner, DemandWiring, ServingSteps, decide_warm
+from schemas.codec import DecodeError, decode, decode_tick, encode
+from schemas.derived import ServingStep
+from schemas.envelopes import ServingTick
+from schemas.events import Demand, ServingMetrics
+from schemas.topics import DEMAND, FORECASTS, SERVING, SERVING_STEPS, SERVING_TICKS, TopicSpec
 from streams.outputs import Outputs
-from streams.page_access import PageAccess
+from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
 
 
@@ -28,33 +47,134 @@ def add_demand(
     access: PageAccess | None,
     loops: RoleLoops,
 ) -> list[TopicSpec]:
-    """Register ``demand.plan`` (a role loop; no pages); faust reads nothing for it."""
-    del access
+    """Register ``demand.serving`` and ``demand.plan`` (role loops) and the
+    ``/demand/keys`` page; faust reads nothing for them."""
+    prefix = wiring.topic_prefix
+    steps_topic = app.topic(prefix + SERVING_STEPS.name, value_type=bytes, key_type=bytes)
+    forecasts = app.topic(prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
+    timer = outputs.metrics.scoring.labels("demand_forecast")
+    sent = Counter(
+        "fleetloop_demand_serving_steps_sent_total",
+        "ServingStep records sent by demand.serving (the repartition of serving telemetry)",
+        registry=registry,
+    )
+    late = Counter(
+        "fleetloop_demand_serving_samples_late_total",
+        "Serving samples older than their partition's demand step in progress: not counted",
+        registry=registry,
+    )
+
+    # -- stage 1: serving telemetry (by node) -> serving steps (by model and region) ------
+    steps = ServingSteps(wiring.step_s)  # replicas as they join, requests at the end
+    serving = {prefix + s.name: s for s in (SERVING_TICKS, SERVING)}
+    counted_late = [0]
+
+    async def send(records: list[ServingStep]) -> None:
+        for record in records:
+            await steps_topic.send(key=SERVING_STEPS.key_for(record), value=encode(record))
+        sent.inc(len(records))
+        late.inc(steps.late - counted_late[0])
+        counted_late[0] = steps.late
+
+    async def summarise(records: list[Any]) -> None:
+        for r in records:
+            spec = serving[r.topic]
+            source = f"{spec.name}/{r.partition}"
+            try:
+                if spec.envelope:  # its valid samples (the bad ones are ingest's to letter)
+                    tick = decode_tick(r.value, ServingTick).tick
+                    if tick is not None:
+                        steps.tick(tick, source)
+                else:
+                    steps.add(decode(r.value, ServingMetrics), source)
+            except DecodeError:
+                continue  # ingest dead-letters it
+        await send(steps.flush())
+
+    async def moved(revoked: set[TopicPartition]) -> None:
+        # what the revoked partitions counted goes out before they go; their next owner
+        # counts on from the committed offset, and the planner keeps the larger count
+        await send(steps.flush(force=True))
+        steps.release(
+            {f"{serving[tp.topic].name}/{tp.partition}" for tp in revoked if tp.topic in serving}
+        )
+
+    loops.add(
+        "demand.serving", (SERVING_TICKS, SERVING), summarise,
+        batch_within_s=0.5, on_revoked=moved,
+    )  # fmt: skip
+
+    # -- stage 2: demand and serving steps (co-partitioned) -> forecasts and warms -------
     planner = DemandPlanner(wiring)
     clock = EventClock()
-    names = [wiring.topic_prefix + s.name for s in (DEMAND, SERVING_TICKS, SERVING)]
-    forecasts = app.topic(wiring.topic_prefix + FORECASTS.name, value_type=bytes, key_type=bytes)
-    timer = outputs.metrics.scoring.labels("demand_forecast")
+    demand_topic, steps_name = prefix + DEMAND.name, prefix + SERVING_STEPS.name
+    partition_of: dict[tuple[str, str], int] = {}  # (model, region) -> its partition
 
     async def plan(records: list[Any]) -> None:
+        # a batch's serving steps first: a demand event that closes a step sees them
         for r in records:
+            if r.topic == steps_name:
+                try:
+                    record = decode(r.value, ServingStep)
+                except DecodeError:
+                    continue  # our own records: none is malformed unless a version moved
+                partition_of[(record.model, record.region)] = r.partition
+                planner.serving_step(record)
+        for r in records:
+            if r.topic != demand_topic:
+                continue
             try:
-                if r.topic != names[0]:
-                    spec = SERVING_TICKS if r.topic == names[1] else SERVING
-                    for served in decode_samples(r.value, spec.value_type):
-                        planner.serving(served)
-                    continue
                 demand = decode(r.value, Demand)
             except DecodeError:
                 continue  # ingest dead-letters it
+            partition_of[(demand.model, demand.region)] = r.partition
             clock.observe(demand.observed_at, time.monotonic())
             started = time.perf_counter()
-            made, steps = planner.demand(demand, now=clock.now(time.monotonic()))
+            made, warm_steps = planner.demand(demand, now=clock.now(time.monotonic()))
             if made:
                 timer.observe(time.perf_counter() - started)
             for f in made:
                 await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
-            await outputs.publish(decide_warm(step, wiring) for step in steps)
+            await outputs.publish(decide_warm(step, wiring) for step in warm_steps)
 
-    loops.add("demand.plan", (DEMAND, SERVING_TICKS, SERVING), plan, batch_within_s=0.5)
+    async def handed_over(revoked: set[TopicPartition]) -> None:
+        # the keys of a revoked partition are planned by its next owner, from its records
+        # on: their forecasters start again there (a forecaster's memory is not handed on)
+        gone = {tp.partition for tp in revoked if tp.topic == demand_topic}
+        keys = {k for k, p in partition_of.items() if p in gone}
+        planner.release(keys)
+        for k in keys:
+            del partition_of[k]
+
+    loops.add(
+        "demand.plan", (DEMAND, SERVING_STEPS), plan,
+        batch_within_s=0.5, on_revoked=handed_over, co_partitioned=True,
+    )  # fmt: skip
+
+    @app.page("/demand/keys")
+    async def keys_page(web: Any, request: Any) -> Any:
+        """The (model, region) keys this worker plans, with their demand partition, the step
+        open, the last step closed and the replicas each pool served in it (what the warming
+        policy was told), and, per step held, the replicas each pool served so far, summed
+        over the serving partitions heard from (and how many those were)."""
+        refused = refusal(access, request.headers, guarded=False)
+        if refused is not None:
+            return web.json({"error": refused[1]}, status=refused[0])
+        out = []
+        for (model, region), key in sorted(planner.keys.items()):
+            held = {}
+            for step, parts in sorted(key.served.items()):
+                pools: dict[str, int] = {}
+                for (_, pool), (replicas, _) in parts.items():
+                    pools[pool] = pools.get(pool, 0) + replicas
+                held[str(step)] = {
+                    "replicas": pools, "sources": len({source for source, _ in parts}),
+                }  # fmt: skip
+            closed, ready = key.closed
+            out.append({
+                "model": model, "region": region, "partition": partition_of.get((model, region)),
+                "step": key.step, "served": held, "closed_step": closed, "ready": ready,
+            })  # fmt: skip
+        return web.json({"keys": out, "step_s": wiring.step_s})
+
     return []

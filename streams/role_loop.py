@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 log = logging.getLogger(__name__)
@@ -53,10 +55,19 @@ def role_group(app_id: str, processor: str) -> str:
 
 
 def raw_consumer(
-    bootstrap: str, group_id: str, *, batch_max: int, session_timeout_s: float
+    bootstrap: str,
+    group_id: str,
+    *,
+    batch_max: int,
+    session_timeout_s: float,
+    co_partitioned: bool = False,
 ) -> AIOKafkaConsumer:
-    """A consumer for a raw-fetch loop: offsets committed by hand, large fetches."""
+    """A consumer for a raw-fetch loop: offsets committed by hand, large fetches.
+    ``co_partitioned``: the same partition number of every topic it reads goes to the same
+    member (Kafka's range assignment; topics with one key and one partition count)."""
+    strategy = RangePartitionAssignor if co_partitioned else RoundRobinPartitionAssignor
     return AIOKafkaConsumer(
+        partition_assignment_strategy=(strategy,),
         bootstrap_servers=bootstrap,
         group_id=group_id,
         client_id=group_id,
@@ -101,6 +112,7 @@ class LoopSettings:
     batch_within_s: float = 1.0
     session_timeout_s: float = 10.0
     commit_interval_s: float = 2.8
+    co_partitioned: bool = False  # see raw_consumer
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -140,8 +152,9 @@ class RoleLoop:
     async def run(self) -> None:
         s = self.settings
         self._consumer = consumer = raw_consumer(
-            s.bootstrap, s.group_id, batch_max=s.batch_max, session_timeout_s=s.session_timeout_s
-        )
+            s.bootstrap, s.group_id, batch_max=s.batch_max,
+            session_timeout_s=s.session_timeout_s, co_partitioned=s.co_partitioned,
+        )  # fmt: skip
         consumer.subscribe(list(s.topics), listener=_Listener(self))
         await consumer.start()
         try:
@@ -220,8 +233,11 @@ class RoleLoops:
         *,
         batch_within_s: float,
         on_revoked: Revoked | None = None,
+        co_partitioned: bool = False,
     ) -> RoleLoop:
-        """Run ``handle`` over the topics of ``specs`` (with the prefix) as ``processor``."""
+        """Run ``handle`` over the topics of ``specs`` (with the prefix) as ``processor``;
+        ``co_partitioned`` for topics that share a key and a partition count, whose
+        partitions must meet in one process (see :func:`raw_consumer`)."""
         group = role_group(self.app_id, processor)
         settings = LoopSettings(
             bootstrap=self.bootstrap,
@@ -230,6 +246,7 @@ class RoleLoops:
             batch_within_s=batch_within_s,
             session_timeout_s=self.session_timeout_s,
             commit_interval_s=self.commit_interval_s,
+            co_partitioned=co_partitioned,
         )
         loop = RoleLoop(processor, settings, handle, flush=self._flush, on_revoked=on_revoked)
         self.groups[group] = list(specs)

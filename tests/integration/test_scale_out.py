@@ -8,31 +8,17 @@ Real broker, `fleetloop sim` publishing node-tick envelopes for 24 nodes, and
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
 import pytest
 
-from fleetloop.kafka_broker import free_port
-from fleetloop.topics_admin import ensure_topics
-from tests.integration.sim_proc import SimProcess
+from tests.integration.scale_out import NODES, fleet_and_workers
 from tests.integration.worker_proc import WorkerProcess
 
 pytestmark = pytest.mark.integration
-NODES = 24
 DEVICES = NODES * 8
-
-
-def _health_worker(bootstrap: str, prefix: str, home: Path) -> WorkerProcess:
-    return WorkerProcess(
-        bootstrap=bootstrap,
-        prefix=prefix,
-        home=home,
-        web_port=free_port(),
-        extra=("--processors", "health", "--batch-within-s", "0.3"),
-    )
 
 
 def _watched(workers: list[WorkerProcess]) -> list[set[str]]:
@@ -48,12 +34,7 @@ def _watched(workers: list[WorkerProcess]) -> list[set[str]]:
 def test_health_workers_split_the_fleet_and_rebalance_without_gaps_or_twins(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix))
-    sim = SimProcess(
-        bootstrap=kafka_bootstrap, prefix=topic_prefix, home=tmp_path, web_port=free_port()
-    )
-    sim.args[sim.args.index("--nodes") + 1] = str(NODES)
-    workers = [_health_worker(kafka_bootstrap, topic_prefix, tmp_path / f"w{i}") for i in range(3)]
+    sim, workers = fleet_and_workers(kafka_bootstrap, topic_prefix, tmp_path, "health")
     twins: list[tuple[float, set[str]]] = []  # any sample where two workers held a device
 
     def settle(running: list[WorkerProcess], timeout_s: float) -> float:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from controllers.warming import WarmReason
-from planning.demand import DemandPlanner, DemandWiring, decide_warm
+from planning.demand import DemandPlanner, DemandWiring, ServingSteps, decide_warm
 from schemas.commands import WarmAction
+from schemas.derived import ServingStep
 from schemas.events import Demand, ServingMetrics
 from schemas.signing import verify
 from schemas.verdicts import DecisionOutcome
@@ -127,3 +129,70 @@ def test_each_accelerators_load_time_is_a_horizon_and_sets_its_warm_deadline() -
     assert command is not None and command.deadline_at == step.at + timedelta(seconds=420)
     with pytest.raises(ValueError, match="positive"):
         DemandWiring(load_s_by_accelerator={"h100": 0.0})
+
+
+def _fleet_second(second: int, replicas: int) -> list[ServingMetrics]:
+    """One second of a model's replicas, each on its own node, each carrying what the
+    demand of that second spreads over them."""
+    out = []
+    for j in range(replicas):
+        out.append(ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=second),
+            replica_id=f"r{j}", node_id=f"node-{j:05d}", model="qwen-7b", pool="us-east-b200",
+            region="us-east", accelerator_type="B200", interval_s=1.0, queue_depth=0,
+            batch_size=4, tokens_per_s=100.0, requests=8 + (second + j) % 5, errors=0,
+        ))  # fmt: skip
+    return out
+
+
+def _load(second: int) -> int:
+    return 40 if second < 240 else 160 if second < 420 else 20  # a surge, then a lull
+
+
+def test_serving_steps_from_split_partitions_plan_as_one_process_does() -> None:
+    """The worker's repartition: three sources (partitions of node-keyed serving telemetry)
+    each count their own replicas into ServingStep records; the planner that owns the
+    model hears them interleaved, with copies (some late, after newer ones), and a source
+    restarted mid-step re-reads and re-sends its last seconds. Its forecasts and warm
+    decisions are those of one planner fed every sample in one process."""
+    wiring = DemandWiring(step_s=60.0, replica_rps=10.0)
+    whole, split = DemandPlanner(wiring), DemandPlanner(wiring)
+    sources = {s: ServingSteps(60.0) for s in ("p0", "p1", "p2")}  # as the worker runs them
+    history: dict[str, list[ServingMetrics]] = {s: [] for s in sources}
+    replicas = 4
+    one: list[tuple[Any, ...]] = []
+    many: list[tuple[Any, ...]] = []
+    copies = 0
+    earlier: list[ServingStep] = []
+    for t in range(0, 600):
+        samples = _fleet_second(t, replicas)
+        records = []
+        for sample in samples:
+            whole.serving(sample)
+            source = f"p{int(sample.node_id[-5:]) % 3}"
+            sources[source].add(sample, source)
+            history[source].append(sample)
+        if t == 330:  # p1 crashes: its successor re-reads from a commit five seconds back
+            sources["p1"] = ServingSteps(60.0)
+            for sample in history["p1"][-5 * 2 :]:
+                sources["p1"].add(sample, "p1")
+        for s in ("p2", "p0", "p1"):
+            records += sources[s].flush()
+        # any order, copies of some, and the records sent before these again after them (a
+        # retry's copies that come late: older, smaller counts)
+        for record in records[::-1] + records[:2] + earlier:
+            split.serving_step(record)
+        copies += 2 + len(earlier)
+        earlier = records or earlier
+        demand = _demand("qwen-7b", t, _load(t))
+        for planner, out in ((whole, one), (split, many)):
+            forecasts, steps = planner.demand(demand)
+            out += [(f.made_at, f.horizon_s, f.point_rps, f.high_rps) for f in forecasts]
+            out += [(st.at, st.pool, st.decision.replicas, st.decision.reason) for st in steps]
+        if t % 60 == 59 and any(isinstance(o[2], int) and o[2] > 0 for o in one[-6:]):
+            replicas += 2  # the warm loaded: more replicas serve from the next step
+    assert copies and one == many
+    assert any(isinstance(o[2], int) and o[2] > 0 for o in one)  # it warmed
+    assert any(isinstance(o[2], int) and o[2] < 0 for o in one)  # and cooled
+    key = split.keys[("qwen-7b", "us-east")]
+    assert key.capacity_rps == whole.keys[("qwen-7b", "us-east")].capacity_rps > 0
