@@ -31,8 +31,10 @@ forecasts on ``forecasts.v1``; a decision per warm or cool on
 key is configured.
 
 One replica's capacity is the highest rate per replica the key's replicas
-have carried so far (``replica_rps`` until they have carried any): a
-conservative estimate that grows with the load the fleet has seen. A
+have carried in a step so far (``replica_rps`` until they have carried any): a
+conservative estimate that grows with the load the fleet has seen. A close
+reads the step it closes as far as its counts have come (in the worker, at
+most one report interval short) and the step before, whole by then. A
 replica's load time is per accelerator type (``load_s_by_accelerator``, the
 pool name's last part; ``load_s`` for the rest): a warm for a pool is judged
 on the forecast one of that pool's load times ahead, and every load time is
@@ -146,14 +148,13 @@ class ServingSteps:
     the step the samples' own event time says (a sample older than its entry's step is
     late and counted nowhere: ``late`` counts them). :meth:`flush` returns the records
     that changed: at once when a replica count moved or a step ended; when only requests
-    grew, once ``report_every_s`` of event time has passed (by default never: a planner
-    reads a step's replicas as they join and its requests once the step has ended, at
-    its next close; one record per replica joining and one at the end, not one per
-    batch)."""
+    grew, at most once per ``report_every_s`` of event time (by default a twelfth of a
+    step: a planner closing a step before its last record has come reads its requests at
+    most that share short, never a replica; a dozen records a step, not one a batch)."""
 
     def __init__(self, step_s: float, *, report_every_s: float | None = None) -> None:
         self.step_s = step_s
-        self.report_every_s = math.inf if report_every_s is None else report_every_s
+        self.report_every_s = step_s / 12 if report_every_s is None else report_every_s
         self.open: dict[tuple[str, str, str, str], _Open] = {}  # (source, model, region, pool)
         self.closed: list[ServingStep] = []  # ended steps' last records, not yet flushed
         self.late = 0
@@ -338,8 +339,9 @@ class DemandPlanner:
         by_pool, _ = _served(key.served.get(key.step, {}))
         ready = by_pool.total()
         key.closed = (key.step, dict(by_pool))
-        # what one replica carried: in the step closing, as far as it has been heard, and in
-        # the one before, whose last counts came with this step's first samples
+        # what one replica carried: in the step closing, as far as its counts have come (at
+        # most one report interval short: low, never high), and in the step before, whole
+        # now (each partition sent its last count when this step began there)
         for step in (key.step - 1, key.step):
             replicas, served = _served(key.served.get(step, {}))
             if replicas.total():

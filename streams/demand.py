@@ -65,7 +65,7 @@ def add_demand(
     )
 
     # -- stage 1: serving telemetry (by node) -> serving steps (by model and region) ------
-    steps = ServingSteps(wiring.step_s)  # replicas as they join, requests at the end
+    steps = ServingSteps(wiring.step_s)  # replicas as they join, requests every 1/12 step
     serving = {prefix + s.name: s for s in (SERVING_TICKS, SERVING)}
     counted_late = [0]
 

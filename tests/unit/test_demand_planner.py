@@ -149,25 +149,33 @@ def _load(second: int) -> int:
     return 40 if second < 240 else 160 if second < 420 else 20  # a surge, then a lull
 
 
-def test_serving_steps_from_split_partitions_plan_as_one_process_does() -> None:
-    """The worker's repartition: three sources (partitions of node-keyed serving telemetry)
-    each count their own replicas into ServingStep records; the planner that owns the
-    model hears them interleaved, with copies (some late, after newer ones), and a source
-    restarted mid-step re-reads and re-sends its last seconds. Its forecasts and warm
-    decisions are those of one planner fed every sample in one process."""
+Outcome = list[tuple[Any, ...]]
+"""Per close: its forecasts, its warms (> 0) and cools (< 0), and the capacity it used."""
+
+
+def _asked(close: tuple[Any, ...]) -> int:
+    return sum(replicas for _, replicas, _ in close[1])
+
+
+def _split_run(*, late: bool) -> tuple[DemandPlanner, DemandPlanner, Outcome, Outcome]:
+    """One model's replicas over three sources (partitions of node-keyed serving telemetry),
+    each counting its own into ServingStep records as the worker does; the planner that
+    owns the model (``split``) hears them interleaved, with copies (some late, after newer
+    ones), and a source restarted mid-step re-reads and re-sends its last seconds; with
+    ``late``, each second's counts after that second's demand (the worker's two stages
+    run apart, so a close can come before its step's last count). Beside it, a planner
+    fed every sample in one process (``whole``); the fleet follows its warms."""
     wiring = DemandWiring(step_s=60.0, replica_rps=10.0)
     whole, split = DemandPlanner(wiring), DemandPlanner(wiring)
     sources = {s: ServingSteps(60.0) for s in ("p0", "p1", "p2")}  # as the worker runs them
     history: dict[str, list[ServingMetrics]] = {s: [] for s in sources}
     replicas = 4
-    one: list[tuple[Any, ...]] = []
-    many: list[tuple[Any, ...]] = []
-    copies = 0
+    one: Outcome = []
+    many: Outcome = []
     earlier: list[ServingStep] = []
     for t in range(0, 600):
-        samples = _fleet_second(t, replicas)
         records = []
-        for sample in samples:
+        for sample in _fleet_second(t, replicas):
             whole.serving(sample)
             source = f"p{int(sample.node_id[-5:]) % 3}"
             sources[source].add(sample, source)
@@ -180,19 +188,48 @@ def test_serving_steps_from_split_partitions_plan_as_one_process_does() -> None:
             records += sources[s].flush()
         # any order, copies of some, and the records sent before these again after them (a
         # retry's copies that come late: older, smaller counts)
-        for record in records[::-1] + records[:2] + earlier:
-            split.serving_step(record)
-        copies += 2 + len(earlier)
+        heard = records[::-1] + records[:2] + earlier
         earlier = records or earlier
+        for record in [] if late else heard:
+            split.serving_step(record)
         demand = _demand("qwen-7b", t, _load(t))
         for planner, out in ((whole, one), (split, many)):
             forecasts, steps = planner.demand(demand)
-            out += [(f.made_at, f.horizon_s, f.point_rps, f.high_rps) for f in forecasts]
-            out += [(st.at, st.pool, st.decision.replicas, st.decision.reason) for st in steps]
-        if t % 60 == 59 and any(isinstance(o[2], int) and o[2] > 0 for o in one[-6:]):
+            if forecasts:  # a close: what it forecast, asked for, and took a replica to carry
+                out.append((
+                    tuple((f.made_at, f.horizon_s, f.point_rps, f.high_rps) for f in forecasts),
+                    tuple((st.pool, st.decision.replicas, st.decision.reason) for st in steps),
+                    planner.keys[("qwen-7b", "us-east")].capacity_rps,
+                ))  # fmt: skip
+        for record in heard if late else []:
+            split.serving_step(record)
+        if t % 60 == 59 and one and _asked(one[-1]) > 0:
             replicas += 2  # the warm loaded: more replicas serve from the next step
-    assert copies and one == many
-    assert any(isinstance(o[2], int) and o[2] > 0 for o in one)  # it warmed
-    assert any(isinstance(o[2], int) and o[2] < 0 for o in one)  # and cooled
+    return whole, split, one, many
+
+
+def test_serving_steps_from_split_partitions_plan_as_one_process_does() -> None:
+    """The worker's repartition, its counts heard before each close: forecasts, warms,
+    cools and capacity all those of one planner fed every sample in one process."""
+    whole, split, one, many = _split_run(late=False)
+    assert one == many
+    assert any(_asked(close) > 0 for close in one)  # it warmed
+    assert any(_asked(close) < 0 for close in one)  # and cooled
     key = split.keys[("qwen-7b", "us-east")]
     assert key.capacity_rps == whole.keys[("qwen-7b", "us-east")].capacity_rps > 0
+
+
+def test_counts_that_come_after_the_close_err_towards_warming_for_one_step_only() -> None:
+    """The same, each second's counts heard after its demand: at a close, the step's
+    requests are at most a report interval short, so its capacity reads low (never high)
+    and a warm may ask for more; a step later the step is whole, and from the second
+    close on every decision is the one-process planner's."""
+    _, _, one, many = _split_run(late=True)
+    assert len(one) == len(many) == 9
+    for alone, apart in zip(one, many, strict=True):
+        assert apart[0] == alone[0]  # forecasts: the demand's alone
+        # capacity: low, never high, and by at most a report interval's requests (a
+        # twelfth of the step, and one more for where the interval falls)
+        assert alone[2] * (1 - 2 / 12) <= apart[2] <= alone[2]
+        assert _asked(apart) >= _asked(alone)  # more replicas asked for, never fewer
+    assert many[1:] == one[1:]
