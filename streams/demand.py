@@ -20,6 +20,7 @@ smaller counts, and the planner keeps the largest per source and step.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -37,6 +38,8 @@ from schemas.topics import DEMAND, FORECASTS, SERVING, SERVING_STEPS, SERVING_TI
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
+
+log = logging.getLogger(__name__)
 
 
 def add_demand(
@@ -61,6 +64,11 @@ def add_demand(
     late = Counter(
         "fleetloop_demand_serving_samples_late_total",
         "Serving samples older than their partition's demand step in progress: not counted",
+        registry=registry,
+    )
+    unread = Counter(
+        "fleetloop_demand_serving_steps_unreadable_total",
+        "ServingStep records demand.plan could not decode (a version the worker does not know)",
         registry=registry,
     )
 
@@ -116,8 +124,11 @@ def add_demand(
             if r.topic == steps_name:
                 try:
                     record = decode(r.value, ServingStep)
-                except DecodeError:
-                    continue  # our own records: none is malformed unless a version moved
+                except DecodeError as exc:  # our own records: only a version moved
+                    unread.inc()
+                    log.warning("unreadable ServingStep at %s/%d@%d: %s",
+                                r.topic, r.partition, r.offset, exc)  # fmt: skip
+                    continue
                 partition_of[(record.model, record.region)] = r.partition
                 planner.serving_step(record)
         for r in records:
