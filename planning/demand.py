@@ -286,6 +286,9 @@ class DemandPlanner:
         slot = (record.source, record.pool)
         replicas, requests = parts.get(slot, (0, 0))
         parts[slot] = (max(replicas, record.replicas), max(requests, record.requests))
+        if len(k.served) > 3:  # a model served with no demand closes no step: keep three
+            newest = max(k.served)
+            k.served = {s: p for s, p in k.served.items() if s >= newest - 2}
 
     def demand(
         self, demand: Demand, *, now: datetime | None = None

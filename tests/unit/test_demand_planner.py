@@ -233,3 +233,12 @@ def test_counts_that_come_after_the_close_err_towards_warming_for_one_step_only(
         assert alone[2] * (1 - 2 / 12) <= apart[2] <= alone[2]
         assert _asked(apart) >= _asked(alone)  # more replicas asked for, never fewer
     assert many[1:] == one[1:]
+
+
+def test_a_model_served_with_no_demand_keeps_three_steps_of_counts_not_all() -> None:
+    """No demand event closes its steps, so nothing else would drop what was served."""
+    planner = DemandPlanner(DemandWiring(step_s=60.0))
+    for second in range(0, 3600, 10):
+        planner.serving(_serving("phi-3", second, "a", 5))
+    newest = int((START + timedelta(seconds=3590)).timestamp() // 60)
+    assert sorted(planner.keys[("phi-3", "us-east")].served) == [newest - 2, newest - 1, newest]
