@@ -68,12 +68,10 @@ ROLE_GROUPS: dict[str, tuple[tuple[str, tuple[TopicSpec, ...]], ...]] = {
 """The consumer groups (suffixes of the app id) of each role, and what each reads: the
 telemetry, and the demand role's own repartition (``demand.serving`` to ``demand.plan``)."""
 ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
-    "ingest": (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND),
-    "health": (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS),
-    "demand": (DEMAND, SERVING_TICKS),
-    "control": (SERVING_TICKS, PDU, ACCELERATOR_TICKS),
+    role: tuple(s for _, reads in groups for s in reads if s.kind is TopicKind.TELEMETRY)
+    for role, groups in ROLE_GROUPS.items()
 }
-"""What each role reads (v2 envelopes where agents publish them)."""
+"""What each role reads of the telemetry (v2 envelopes where agents publish them)."""
 
 
 def _cpu_s(pid: int) -> float:

@@ -121,10 +121,10 @@ class _Open:
     """What one source has seen of one (model, region, pool) in its current step."""
 
     step: int
+    observed_s: float  # event time of the newest sample counted
+    observed_at: datetime  # the same, as it came
     replicas: set[str] = field(default_factory=set)
     requests: int = 0
-    observed_s: float = -math.inf  # event time of the newest sample counted
-    observed_at: datetime | None = None  # the same, as it came
     sent: tuple[int, int] = (-1, -1)  # (replicas, requests) last sent
     sent_s: float = -math.inf  # event time of the last sent
 
@@ -165,7 +165,7 @@ class ServingSteps:
         at_s = at.timestamp()
         step = int(at_s // self.step_s)
         for replica in tick.samples:
-            entry = self._entry((source, replica.model, region, replica.pool), step)
+            entry = self._entry((source, replica.model, region, replica.pool), step, at_s, at)
             if entry is not None:
                 _count(entry, replica, at_s, at)
 
@@ -173,20 +173,22 @@ class ServingSteps:
         """One replica's sample (a v1 message, or a view of an envelope's)."""
         at = sample.observed_at
         at_s = at.timestamp()
-        entry = self._entry(
-            (source, sample.model, sample.region, sample.pool), int(at_s // self.step_s)
-        )
+        slot = (source, sample.model, sample.region, sample.pool)
+        entry = self._entry(slot, int(at_s // self.step_s), at_s, at)
         if entry is not None:
             _count(entry, sample, at_s, at)
 
-    def _entry(self, slot: tuple[str, str, str, str], step: int) -> _Open | None:
-        """``slot``'s entry for ``step``: a later step ends the one open (its last record
-        goes out with the next flush); None for an earlier one (late)."""
+    def _entry(
+        self, slot: tuple[str, str, str, str], step: int, at_s: float, at: datetime
+    ) -> _Open | None:
+        """``slot``'s entry for ``step`` (a sample of ``at`` comes): a later step ends the
+        one open (its last record goes out with the next flush); None for an earlier one
+        (late)."""
         entry = self.open.get(slot)
         if entry is None or step > entry.step:
             if entry is not None and entry.sent != (len(entry.replicas), entry.requests):
                 self.closed.append(self._record(slot, entry))
-            entry = self.open[slot] = _Open(step)
+            entry = self.open[slot] = _Open(step, at_s, at)
         elif step < entry.step:
             self.late += 1
             return None
@@ -199,8 +201,6 @@ class ServingSteps:
         out, self.closed = self.closed, []
         every = self.report_every_s
         for slot, entry in self.open.items():
-            if entry.observed_at is None:
-                continue
             replicas = len(entry.replicas)
             if replicas == entry.sent[0] and entry.requests == entry.sent[1]:
                 continue
@@ -214,7 +214,6 @@ class ServingSteps:
 
     def _record(self, slot: tuple[str, str, str, str], entry: _Open) -> ServingStep:
         source, model, region, pool = slot
-        assert entry.observed_at is not None
         entry.sent = (len(entry.replicas), entry.requests)
         entry.sent_s = entry.observed_s
         return ServingStep(
@@ -245,7 +244,6 @@ class DemandPlanner:
         self.keys: dict[tuple[str, str], _Key] = {}
         # serving samples fed here, in one process: every change reported as it comes
         self.local = ServingSteps(wiring.step_s, report_every_s=0.0)
-        self.foreign_steps = 0  # serving steps of another step length: not counted
 
     def _steps(self, seconds: float) -> int:
         return max(1, math.ceil(seconds / self.wiring.step_s))
@@ -272,16 +270,17 @@ class DemandPlanner:
         for k in keys:
             self.keys.pop(k, None)
 
-    def serving_step(self, record: ServingStep) -> None:
+    def serving_step(self, record: ServingStep) -> bool:
         """What a source saw a (model, region, pool) serve in a step so far: kept, per
-        source and pool, as the largest heard (a copy or a replay changes nothing)."""
+        source and pool, as the largest heard (a copy or a replay changes nothing).
+        False for a record of another step length (a stage with other settings): not
+        counted."""
         if record.step_s != self.wiring.step_s:
-            self.foreign_steps += 1
-            return
+            return False
         k = self._key(record.model, record.region)
         step = int(record.step_at.timestamp() // self.wiring.step_s)
         if step < k.step - 1:
-            return  # nothing reads a step closed before the last any more
+            return True  # nothing reads a step closed before the last any more
         parts = k.served.setdefault(step, {})
         slot = (record.source, record.pool)
         replicas, requests = parts.get(slot, (0, 0))
@@ -289,6 +288,7 @@ class DemandPlanner:
         if len(k.served) > 3:  # a model served with no demand closes no step: keep three
             newest = max(k.served)
             k.served = {s: p for s, p in k.served.items() if s >= newest - 2}
+        return True
 
     def demand(
         self, demand: Demand, *, now: datetime | None = None
@@ -339,14 +339,14 @@ class DemandPlanner:
             for h, b in bands.items()
         ]
         key.loading = [(p, ready) for p, ready in key.loading if ready > end]
-        by_pool, _ = _served(key.served.get(key.step, {}))
+        by_pool, _ = served_in(key.served.get(key.step, {}))
         ready = by_pool.total()
         key.closed = (key.step, dict(by_pool))
         # what one replica carried: in the step closing, as far as its counts have come (at
         # most one report interval short: low, never high), and in the step before, whole
         # now (each partition sent its last count when this step began there)
         for step in (key.step - 1, key.step):
-            replicas, served = _served(key.served.get(step, {}))
+            replicas, served = served_in(key.served.get(step, {}))
             if replicas.total():
                 carried = served / wiring.step_s / replicas.total()
                 key.capacity_rps = max(key.capacity_rps, carried)
@@ -369,7 +369,7 @@ class DemandPlanner:
         return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
 
 
-def _served(parts: Mapping[tuple[str, str], tuple[int, int]]) -> tuple[Tally[str], int]:
+def served_in(parts: Mapping[tuple[str, str], tuple[int, int]]) -> tuple[Tally[str], int]:
     """A step's replicas that served, by pool, and the requests they served, summed over
     the sources heard."""
     by_pool: Tally[str] = Tally()

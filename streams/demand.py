@@ -29,7 +29,7 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
 from controllers.clock import EventClock
-from planning.demand import DemandPlanner, DemandWiring, ServingSteps, decide_warm
+from planning.demand import DemandPlanner, DemandWiring, ServingSteps, decide_warm, served_in
 from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import ServingStep
 from schemas.envelopes import ServingTick
@@ -68,7 +68,7 @@ def add_demand(
     )
     unread = Counter(
         "fleetloop_demand_serving_steps_unreadable_total",
-        "ServingStep records demand.plan could not decode (a version the worker does not know)",
+        "ServingStep records demand.plan could not use (undecodable, or of another step length)",
         registry=registry,
     )
 
@@ -130,7 +130,11 @@ def add_demand(
                                 r.topic, r.partition, r.offset, exc)  # fmt: skip
                     continue
                 partition_of[(record.model, record.region)] = r.partition
-                planner.serving_step(record)
+                if not planner.serving_step(record):
+                    unread.inc()
+                    log.warning("ServingStep of %g s steps at %s/%d@%d (this worker's: %g s)",
+                                record.step_s, r.topic, r.partition, r.offset,
+                                wiring.step_s)  # fmt: skip
         for r in records:
             if r.topic != demand_topic:
                 continue
@@ -175,11 +179,9 @@ def add_demand(
         for (model, region), key in sorted(planner.keys.items()):
             held = {}
             for step, parts in sorted(key.served.items()):
-                pools: dict[str, int] = {}
-                for (_, pool), (replicas, _) in parts.items():
-                    pools[pool] = pools.get(pool, 0) + replicas
+                pools, _ = served_in(parts)
                 held[str(step)] = {
-                    "replicas": pools, "sources": len({source for source, _ in parts}),
+                    "replicas": dict(pools), "sources": len({source for source, _ in parts}),
                 }  # fmt: skip
             closed, ready = key.closed
             out.append({
