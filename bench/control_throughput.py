@@ -1,9 +1,9 @@
 """How many devices one control planner keeps up with, against decoding the same messages.
 
-The control role runs one :class:`~planning.pools.ControlPlanner` for every pool and
-rack. This measures, in one run, on the same simulated telemetry as agents publish it
-(node-tick envelopes of serving and accelerator samples, PDU readings; a fleet's
-power and capacity controllers stepping at their period):
+A control worker runs one :class:`~planning.pools.RegionalControl` for the regions it
+owns (every pool and rack of them). This measures, in one run, on the same simulated
+telemetry as agents publish it (node-tick envelopes of serving and accelerator samples,
+PDU readings; a fleet's power and capacity controllers stepping at their period):
 
 1. the baseline: decoding each message from its bytes (an envelope into its
    samples), which every processor pays before it does anything;
@@ -31,7 +31,7 @@ from agents.envelopes import pack
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
 from fleetloop.settings import REPO_ROOT
-from planning.pools import ControlPlanner
+from planning.pools import RegionalControl
 from planning.throttle import ControlWiring
 from schemas.codec import decode, decode_samples, decode_tick, encode
 from schemas.topics import ACCELERATOR_TICKS, PDU, SERVING_TICKS
@@ -63,33 +63,33 @@ def main() -> None:
     def read(kind: Any, raw: bytes) -> Any:
         return decode_tick(raw, kind).tick if kind in ticks else decode(raw, kind)
 
-    def timed(body: Callable[[ControlPlanner], None]) -> float:
-        planner = ControlPlanner(wiring)
+    def timed(body: Callable[[RegionalControl], None]) -> float:
+        planner = RegionalControl(wiring)
         started = time.perf_counter()
         body(planner)
         return time.perf_counter() - started
 
-    def decode_only(_: ControlPlanner) -> None:
+    def decode_only(_: RegionalControl) -> None:
         for kind, raw in messages:
             read(kind, raw)
 
     decoded = [(kind, read(kind, raw)) for kind, raw in messages]
 
-    def plan_only(planner: ControlPlanner) -> None:
+    def plan_only(planner: RegionalControl) -> None:
         for kind, value in decoded:
             planner.tick(value) if kind in ticks else planner.feed(value)
 
-    def role(planner: ControlPlanner) -> None:
+    def role(planner: RegionalControl) -> None:
         for kind, raw in messages:
             value = read(kind, raw)
             planner.tick(value) if kind in ticks else planner.feed(value)
 
-    def views(planner: ControlPlanner) -> None:
+    def views(planner: RegionalControl) -> None:
         for kind, raw in messages:
             for value in decode_samples(raw, kind):
                 planner.feed(value)
 
-    paths: tuple[tuple[str, Callable[[ControlPlanner], None]], ...] = (
+    paths: tuple[tuple[str, Callable[[RegionalControl], None]], ...] = (
         ("decode (baseline)", decode_only), ("planner alone", plan_only),
         ("decode + planner", role), ("views, one by one", views),
     )  # fmt: skip

@@ -53,6 +53,7 @@ from schemas.topics import (
     TELEMETRY_TOPICS,
     TopicKind,
     TopicSpec,
+    regional,
 )
 from streams.lag import fetch_lag
 from streams.rows import LAYOUTS
@@ -63,10 +64,14 @@ ROLE_GROUPS: dict[str, tuple[tuple[str, tuple[TopicSpec, ...]], ...]] = {
     "ingest": (("ingest", (ACCELERATOR_TICKS, SERVING_TICKS, NODE_HEALTH, PDU, DEMAND)),),
     "health": (("health.detect", (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS)),),
     "demand": (("demand.serving", (SERVING_TICKS,)), ("demand.plan", (DEMAND, SERVING_STEPS))),
-    "control": (("control.plan", (SERVING_TICKS, PDU, ACCELERATOR_TICKS)),),
+    "control": (
+        ("control.route", (SERVING_TICKS, PDU, ACCELERATOR_TICKS)),
+        ("control.plan", tuple(regional(s) for s in (SERVING_TICKS, PDU, ACCELERATOR_TICKS))),
+    ),
 }
 """The consumer groups (suffixes of the app id) of each role, and what each reads: the
-telemetry, and the demand role's own repartition (``demand.serving`` to ``demand.plan``)."""
+telemetry, and the roles' own repartitions (``demand.serving`` to ``demand.plan``,
+``control.route`` to ``control.plan``)."""
 ROLE_INPUTS: dict[str, tuple[TopicSpec, ...]] = {
     role: tuple(s for _, reads in groups for s in reads if s.kind is TopicKind.TELEMETRY)
     for role, groups in ROLE_GROUPS.items()

@@ -49,10 +49,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from statistics import median
+from typing import NamedTuple
 
 from controllers.pid import PidConfig, PidReason, PidState, pid_step
 from controllers.stages import Clamp, RateLimit, Stabiliser, Stages, Tolerance
@@ -364,6 +366,15 @@ def split_levers(budget_ratio: float, baseline_ratio: float, cfg: LeverConfig) -
     return Levers(funnel, upgrade, budget_ratio - max(0.0, left))
 
 
+class Claim(NamedTuple):
+    """What one pool held of the fleet's optional-work limit, as of a control period's end,
+    and its capacity then (both in the limit's units)."""
+
+    units: float
+    capacity_units: float
+    at: datetime
+
+
 @dataclass(slots=True)
 class GlobalBudget:
     """Optional work across pools capped at ``limit_units`` (device-equivalents, say).
@@ -371,16 +382,67 @@ class GlobalBudget:
     Pools step at their own times, so each asks when it steps: it may hold what the
     others leave (:meth:`grant`). What a pool holds stays held until its next step; a
     pool that gives work back frees room for the next that asks.
+
+    Where the pools are planned in several processes (the control role split by region),
+    each process grants its own pools (``held``) and hears the others' as claims
+    (:meth:`claim`), a step late: a claim counts until a newer one replaces it, or for
+    ``claim_life_s`` of event time after it was made (a process gone with its regions, and
+    nobody planning them since). Pools of different processes step at the same period
+    ends, each on a view of the others that is a step old, so what is free is shared out,
+    not taken first come: while other processes claim, a pool grows by at most its share
+    of the free units in proportion to its capacity. Grown so at once, every pool of the
+    fleet together takes at most what was free; giving back is never held up.
     """
 
     limit_units: float
-    held: dict[str, float] = field(default_factory=dict)  # pool -> units held now
+    claim_life_s: float = math.inf
+    held: dict[str, Claim] = field(default_factory=dict)  # pool -> what it holds, ours
+    remote: dict[str, Claim] = field(default_factory=dict)  # other processes' pools
 
-    def grant(self, pool: str, ratio: float, capacity_units: float) -> float:
+    def grant(
+        self, pool: str, ratio: float, capacity_units: float, now: datetime | None = None
+    ) -> float:
         """The share of ``pool``'s capacity it may give optional work: ``ratio``, or less
-        when the other pools already hold most of the limit."""
-        others = sum(units for p, units in self.held.items() if p != pool)
+        when the other pools already hold most of the limit (as of ``now``)."""
+        capacity = max(0.0, capacity_units)
+        others, remote_capacity = self._others(pool, now)
         room = max(0.0, self.limit_units - others)
-        granted = min(ratio, room / capacity_units) if capacity_units > 0 else 0.0
-        self.held[pool] = granted * max(0.0, capacity_units)
+        if remote_capacity > 0:  # shared with other processes: grow by a share of what is free
+            before = self.held[pool].units if pool in self.held else 0.0
+            local = sum(c.capacity_units for p, c in self.held.items() if p != pool)
+            share = capacity / (capacity + local + remote_capacity)
+            room = min(room, before + max(0.0, room - before) * share)
+        granted = min(ratio, room / capacity) if capacity > 0 else 0.0
+        at = now if now is not None else datetime.min.replace(tzinfo=UTC)
+        self.held[pool] = Claim(granted * capacity, capacity, at)
         return granted
+
+    def others(self, pool: str, now: datetime | None = None) -> float:
+        """The units every pool but ``pool`` holds: ours, and the live claims of pools we do
+        not plan."""
+        return self._others(pool, now)[0]
+
+    def _others(self, pool: str, now: datetime | None) -> tuple[float, float]:
+        """:meth:`others`, and the capacity of the live claims among them."""
+        total = sum(c.units for p, c in self.held.items() if p != pool)
+        capacity = 0.0
+        for p, c in self.remote.items():
+            if p == pool or p in self.held:
+                continue
+            if now is None or (now - c.at).total_seconds() <= self.claim_life_s:
+                total += c.units
+                capacity += c.capacity_units
+        return total, capacity
+
+    def claim(self, pool: str, claim: Claim) -> None:
+        """Another process's pool holds ``claim.units`` of ``claim.capacity_units`` as of
+        ``claim.at`` (a claim older than the one heard is ignored: a replay or a reorder
+        changes nothing)."""
+        heard = self.remote.get(pool)
+        if heard is None or claim.at >= heard.at:
+            self.remote[pool] = claim
+
+    def release(self, pools: Iterable[str]) -> None:
+        """Forget what ``pools`` held here: another process plans them now."""
+        for pool in pools:
+            self.held.pop(pool, None)

@@ -5,7 +5,7 @@ policies act once per ``period_s`` (power as PDU readings come), all on the
 same scenario and the same random draws:
 
 - **ours**: the control role exactly as a worker runs it
-  (:class:`Production`): the real :class:`~planning.pools.ControlPlanner`,
+  (:class:`Production`): the real :class:`~planning.pools.RegionalControl`,
   built from worker settings by the worker's own wiring, with its batch-slot
   model, global budget, lever split, TPOT guard, rack planner and power-aware
   routing, fed the pool's telemetry as events each second (each device its own
@@ -58,7 +58,7 @@ from evaluations.control_scenario import ControlScenario
 from evaluations.pool_plant import SLOT_SHARE, PoolPlant, PoolShape, Second
 from fleetloop.settings import WorkerSettings
 from fleetloop.wiring import control_wiring
-from planning.pools import ControlPlanner
+from planning.pools import RegionalControl
 from schemas.base import AcceleratorType
 from schemas.commands import ClockMode, RouteAction, RouteCommand, ThrottleAction, ThrottleCommand
 from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
@@ -98,7 +98,7 @@ def production_settings(scn: ControlScenario) -> WorkerSettings:
 
 
 class Production:
-    """The control role as a worker runs it: :class:`~planning.pools.ControlPlanner` built
+    """The control role as a worker runs it: :class:`~planning.pools.RegionalControl` built
     from :func:`production_settings` by the worker's own wiring, fed the pool's telemetry
     each second (a serving report and an accelerator sample per device, a PDU reading per
     rack), its signed commands applied to the plant as the executors apply them.
@@ -111,7 +111,7 @@ class Production:
 
     def __init__(self, scn: ControlScenario) -> None:
         self.scn = scn
-        self.planner = ControlPlanner(control_wiring(production_settings(scn)))
+        self.planner = RegionalControl(control_wiring(production_settings(scn)))
         self.budget = 0.0
         self.moved_racks: set[str] = set()
         self.noise = 1.0

@@ -19,21 +19,29 @@ would ask about: SLO breach, stale or invalid input, the global budget) is a
 P, I and D terms; with a signing key it is also a signed ``ThrottleCommand``
 (:mod:`planning.throttle`).
 
-``control.plan`` adapts both to faust. One instance sees every pool and rack
-(serving telemetry is keyed by node, PDU readings by PDU).
+Pools and racks do not cross regions (a pool is a region's accelerators of one kind; a
+rack stands in one site), so a region's planning needs nothing from another's but the
+fleet's optional-work limit: :class:`RegionalControl` runs one planner per region with
+that limit shared, and is what the control role runs (``streams.control``, split over
+processes by region) and what ``eval control`` drives.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from statistics import median
 from typing import Any, NamedTuple
 
-from controllers.capacity import CapacityController, CapacityReason, GlobalBudget, split_levers
+from controllers.capacity import (
+    CapacityController,
+    CapacityReason,
+    GlobalBudget,
+    split_levers,
+)
 from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
 from controllers.tpot_guard import BatchDecision, TpotGuard
 from planning.racks import RackPlanner
@@ -160,11 +168,15 @@ class ControlPlanner(ThrottleIssuer):
     budget and batch target, per rack the caps and batch moves, as decisions and commands."""
 
     def __init__(
-        self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+        self,
+        wiring: ControlWiring,
+        *,
+        new_id: Callable[[], uuid.UUID] = uuid.uuid4,
+        budget: GlobalBudget | None = None,
     ) -> None:
         super().__init__(wiring, new_id=new_id)
         self.pools: dict[str, _Pool] = {}
-        self.global_budget = GlobalBudget(wiring.global_budget_devices)
+        self.global_budget = budget if budget is not None else fleet_budget(wiring)
         self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
         self.routing = PowerRouter(wiring.power_routing)
         self.shed_period: dict[str, int] = {}  # rack -> the period it last shed load in
@@ -282,7 +294,7 @@ class ControlPlanner(ThrottleIssuer):
                 message=f"{d.message}; rack {short} is over its limit with every cap at its "
                 "floor: no optional work",
             )  # fmt: skip
-        granted = self.global_budget.grant(name, d.applied, float(len(replicas)))
+        granted = self.global_budget.grant(name, d.applied, float(len(replicas)), end)
         if pool.capacity.limit(granted):
             d = replace(
                 d, applied=granted, reason=CapacityReason.GLOBAL_BUDGET,
@@ -404,6 +416,81 @@ class ControlPlanner(ThrottleIssuer):
         k = self.wiring.tpot_doubling_batch
         changes = self.routing.step(name, list(seen.values()), doubling_batch=k)
         return [self._weight_output(end, name, w) for w in changes]
+
+
+CLAIM_LIFE_PERIODS = 3
+"""Control periods a pool's claim on the fleet's optional-work limit counts for when no
+newer one replaces it (:class:`~controllers.capacity.GlobalBudget`): a pool claims at
+every period's end it is planned, so three missed ends mean nobody plans it now."""
+
+
+def fleet_budget(wiring: ControlWiring) -> GlobalBudget:
+    """The fleet's optional-work limit, as the settings give it."""
+    return GlobalBudget(
+        wiring.global_budget_devices, claim_life_s=CLAIM_LIFE_PERIODS * wiring.period_s
+    )
+
+
+class RegionalControl:
+    """A :class:`ControlPlanner` per region, sharing the fleet's optional-work limit: what a
+    control worker runs for the regions it owns. A region's planner is made with its first
+    event and dropped when the region moves to another process (:meth:`release`), taking
+    its pools' controllers with it: the next owner starts them afresh (no optional work
+    until its PID grants some: the safe side)."""
+
+    def __init__(
+        self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    ) -> None:
+        self.wiring = wiring
+        self.new_id = new_id
+        self.budget = fleet_budget(wiring)
+        self.planners: dict[str, ControlPlanner] = {}
+        self.pool_regions: dict[str, str] = {}  # pool -> the region it was first seen in
+        self.crossing: set[str] = set()  # pools seen in two regions: planned apart, wrongly
+
+    def planner(self, region: str) -> ControlPlanner:
+        planner = self.planners.get(region)
+        if planner is None:
+            planner = self.planners[region] = ControlPlanner(
+                self.wiring, new_id=self.new_id, budget=self.budget
+            )
+        return planner
+
+    def feed(self, value: Any) -> list[ControlOutput]:
+        """One event (see :meth:`ControlPlanner.feed`), to its region's planner."""
+        region = getattr(value, "region", None)
+        if region is None:
+            return []
+        planner = self.planner(region)
+        known = len(planner.pools)
+        out = planner.feed(value)
+        if len(planner.pools) > known:
+            self._placed(region, planner)
+        return out
+
+    def tick(self, tick: AcceleratorTick | ServingTick) -> list[ControlOutput]:
+        """One node's envelope (see :meth:`ControlPlanner.tick`), to its region's planner."""
+        planner = self.planner(tick.region)
+        known = len(planner.pools)
+        out = planner.tick(tick)
+        if len(planner.pools) > known:
+            self._placed(tick.region, planner)
+        return out
+
+    def _placed(self, region: str, planner: ControlPlanner) -> None:
+        for pool in planner.pools:
+            if self.pool_regions.setdefault(pool, region) != region:
+                self.crossing.add(pool)
+
+    def release(self, regions: Iterable[str]) -> None:
+        """Drop ``regions``' planners: another process plans them now."""
+        for region in regions:
+            planner = self.planners.pop(region, None)
+            if planner is not None:
+                self.budget.release(planner.pools)
+                for pool in planner.pools:
+                    if self.pool_regions.get(pool) == region:
+                        del self.pool_regions[pool]
 
 
 def _pool_p95(samples: list[TpotSample]) -> float | None:

@@ -6,6 +6,10 @@ partitions over as many processes as run the role) and sends, per (model, region
 what each serving partition saw in each demand step, keyed by model and region, so the
 planner that owns a (model, region) receives every partition's part in its own
 partition. Not ingested into ClickHouse: the serving samples it is made of are.
+
+The control role is split by region: its telemetry is forwarded as it is, keyed by region
+(``schemas.topics.regional``), and the fleet's optional-work limit is shared between the
+processes that plan the regions by :class:`BudgetClaim` records.
 """
 
 from __future__ import annotations
@@ -14,9 +18,16 @@ from typing import Annotated
 
 from pydantic import Field
 
-from schemas.base import Contract, Count, Identifier, IntervalSeconds, UtcDatetime
+from schemas.base import (
+    Contract,
+    Count,
+    Identifier,
+    IntervalSeconds,
+    NonNegFloat,
+    UtcDatetime,
+)
 
-__all__ = ["ServingStep"]
+__all__ = ["BudgetClaim", "ServingStep"]
 
 
 class ServingStep(Contract):
@@ -36,3 +47,19 @@ class ServingStep(Contract):
     replicas: Count = Field(description="distinct replicas that served a request in it")
     requests: Count = Field(description="requests they served in it")
     observed_at: UtcDatetime = Field(description="event time of the newest sample counted")
+
+
+class BudgetClaim(Contract):
+    """What one pool holds of the fleet's optional-work limit, as the control process that
+    plans it granted at a control period's end. Every control process hears every claim and
+    counts the other processes' pools' latest against the limit; a newer claim of a pool
+    replaces the older (the topic is compacted by pool)."""
+
+    pool: Identifier
+    region: Identifier
+    units: NonNegFloat = Field(description="device-equivalents of optional work it may run")
+    capacity_units: NonNegFloat = Field(description="its capacity then, in the same units")
+    claimed_at: UtcDatetime = Field(description="the control period's end (event time)")
+    owner: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        description="the control process that plans the pool (its claims are not its own others')"
+    )

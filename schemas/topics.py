@@ -11,13 +11,14 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCommand, WarmCommand
-from schemas.derived import ServingStep
+from schemas.derived import BudgetClaim, ServingStep
 from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
 from schemas.state import DetectorMemory, IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
 
-DAY_MS = 24 * 3600 * 1000
+HOUR_MS = 3600 * 1000
+DAY_MS = 24 * HOUR_MS
 
 RESENT_HEADER = "fleetloop-resent"
 """Record header an agent puts on a record it sends again from its spool (delivery is at
@@ -278,7 +279,53 @@ SERVING_STEPS = TopicSpec(
 """The demand role's repartition of serving telemetry from node keys to model|region keys
 (:mod:`schemas.derived`); not ingested."""
 
-DERIVED_TOPICS: tuple[TopicSpec, ...] = (SERVING_STEPS,)
+REGIONAL_PARTITIONS = 6
+"""Partitions of the control role's region-keyed topics. A region's records go to one
+partition (the key's hash), so the role splits over at most as many processes as there are
+regions, and two regions may share a partition: more partitions than regions make that
+less likely (``GET /control/regions`` shows which process plans which)."""
+
+
+def regional(source: TopicSpec) -> TopicSpec:
+    """The control role's repartition of a telemetry topic: its records as they are, keyed
+    by region (``control.route`` forwards them; ``control.plan`` reads every such topic
+    co-partitioned). Kept an hour: control reads the present, and a record older than
+    that plans nothing."""
+    return TopicSpec(
+        f"control.by-region.{source.name}",
+        TopicKind.DERIVED,
+        source.value_type,
+        ("region",),
+        partitions=REGIONAL_PARTITIONS,
+        retention_ms=HOUR_MS,
+    )
+
+
+CONTROL_INPUTS: tuple[TopicSpec, ...] = (
+    SERVING_TICKS,
+    PDU,
+    ACCELERATOR_TICKS,
+    SERVING,
+    ACCELERATOR,
+)
+"""What the control role reads: node ticks (v2), PDU readings, and v1 from older agents."""
+
+BUDGET_CLAIMS = TopicSpec(
+    "control.budget-claims.v1",
+    TopicKind.DERIVED,
+    BudgetClaim,
+    ("pool",),
+    partitions=1,  # every control process reads all of it
+    retention_ms=DAY_MS,
+    compacted=True,  # a pool's latest claim is what counts
+)
+"""Each pool's share of the fleet's optional-work limit, between control processes."""
+
+DERIVED_TOPICS: tuple[TopicSpec, ...] = (
+    SERVING_STEPS,
+    *(regional(t) for t in CONTROL_INPUTS),
+    BUDGET_CLAIMS,
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INGESTED_TOPICS,

@@ -1,24 +1,69 @@
-"""The ``control.plan`` processor: serving, PDU and accelerator telemetry into the
-control planner (:mod:`planning.pools`), its throttle commands and decisions out. A role
-loop (:mod:`streams.role_loop`): it reads every serving sample of the fleet."""
+"""The control role: serving, PDU and accelerator telemetry into the control planner
+(:mod:`planning.pools`), its throttle and route commands and decisions out.
+
+Telemetry is keyed by node (PDU readings by PDU); control plans per region, as pools and
+racks do not cross regions. So the role is two role loops (:mod:`streams.role_loop`) and
+runs in as many processes as there are regions:
+
+- ``control.route`` reads the telemetry, split over the processes like any telemetry
+  reader, and forwards each record as it is onto the region-keyed twin of its topic
+  (``control.by-region.<topic>``, :func:`schemas.topics.regional`): a repartition. A node's
+  (or PDU's) region is read from its first record and remembered by its key;
+- ``control.plan`` reads those twins co-partitioned (one key, one partition count, Kafka's
+  range assignment), so one process plans each region and hears all of it, in one
+  :class:`~planning.pools.RegionalControl`. A region that moves away takes its planner
+  with it; the next owner starts its controllers afresh (no optional work until its PID
+  grants some).
+
+The fleet's optional-work limit (``global_budget_devices``, when finite) spans regions:
+each process sends what its pools hold as :class:`~schemas.derived.BudgetClaim` records
+(``control.budget-claims.v1``, compacted by pool) and reads every other process's, so a
+pool's grant counts the others' latest claims, one period late at most.
+
+Delivery is at least once at each hop: a forwarder that restarts or hands a partition
+over sends some records again, and the planner counts such a copy as one more report of
+its period (what it sums are means over reports and request-weighted percentiles, which a
+copy barely moves).
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import socket
+import uuid
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter
 
-from planning.pools import ControlPlanner
+from controllers.capacity import Claim
+from planning.pools import RegionalControl
 from planning.throttle import ControlWiring
-from schemas.codec import DecodeError, decode, decode_tick
-from schemas.topics import ACCELERATOR, ACCELERATOR_TICKS, PDU, SERVING, SERVING_TICKS, TopicSpec
+from schemas.codec import DecodeError, decode, decode_tick, encode
+from schemas.derived import BudgetClaim
+from schemas.topics import BUDGET_CLAIMS, CONTROL_INPUTS, TopicSpec, regional
 from streams.outputs import Outputs
-from streams.page_access import PageAccess
+from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
+from streams.state_topic import bootstrap_of
 
-READ = (SERVING_TICKS, PDU, ACCELERATOR_TICKS, SERVING, ACCELERATOR)
-"""What ``control.plan`` reads: node ticks (v2), PDU readings, and v1 from older agents."""
+log = logging.getLogger(__name__)
+
+READ = CONTROL_INPUTS
+"""What ``control.route`` reads: node ticks (v2), PDU readings, and v1 from older agents."""
+
+
+def region_of(raw: bytes, spec: TopicSpec) -> str | None:
+    """The region a telemetry record of ``spec`` comes from (None: an envelope with no
+    valid sample). Raises :class:`DecodeError` on a record ingest dead-letters."""
+    if spec.envelope:
+        tick = decode_tick(raw, spec.value_type).tick
+        return None if tick is None else tick.region
+    region: str = decode(raw, spec.value_type).region
+    return region
 
 
 def add_control(
@@ -29,24 +74,165 @@ def add_control(
     access: PageAccess | None,
     loops: RoleLoops,
 ) -> list[TopicSpec]:
-    """Register ``control.plan`` (a role loop; no pages); faust reads nothing for it."""
-    del app, access
-    planner = ControlPlanner(wiring)
-    specs = {wiring.topic_prefix + s.name: s for s in READ}
+    """Register ``control.route`` and ``control.plan`` (role loops), the budget claims'
+    reader where the fleet has a finite limit, and the ``/control/regions`` page; faust
+    reads nothing for them."""
+    prefix = wiring.topic_prefix
+    forwarded = Counter(
+        "fleetloop_control_forwarded_total",
+        "Telemetry records control.route forwarded to their region's partition",
+        registry=registry,
+    )
+    claims_sent = Counter(
+        "fleetloop_control_budget_claims_sent_total",
+        "BudgetClaim records sent: a pool's new share of the fleet's optional-work limit",
+        registry=registry,
+    )
+    claims_unread = Counter(
+        "fleetloop_control_budget_claims_unreadable_total",
+        "BudgetClaim records a control process could not decode (not counted as held)",
+        registry=registry,
+    )
+
+    # -- stage 1: telemetry (by node or PDU) -> the same records by region --------------
+    sources = {prefix + s.name: s for s in READ}
+    twins = {prefix + s.name: prefix + regional(s).name for s in READ}
+    regions: dict[tuple[str, bytes], bytes] = {}  # (topic, key) -> its region, as a key
+    producer = app.producer
+
+    async def route(records: list[Any]) -> None:
+        sent = 0
+        for r in records:
+            where = (r.topic, r.key)
+            region = regions.get(where) if r.key is not None else None
+            if region is None:
+                try:
+                    name = region_of(r.value, sources[r.topic])
+                except DecodeError:
+                    continue  # ingest dead-letters it
+                if name is None:
+                    continue
+                region = name.encode()
+                if r.key is not None:
+                    regions[where] = region
+            await producer.send(twins[r.topic], region, r.value, None, None, None)
+            sent += 1
+        forwarded.inc(sent)
+
+    loops.add("control.route", READ, route, batch_within_s=wiring.batch_within_s)
+
+    # -- stage 2: the region-keyed twins (co-partitioned) -> decisions and commands ------
+    control = RegionalControl(wiring)
+    planned = {prefix + regional(s).name: s for s in READ}
+    partition_of: dict[bytes, int] = {}  # region -> its partition of the twins
+    owner = f"{loops.app_id}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    sharing = math.isfinite(wiring.global_budget_devices)
+    claims_topic = app.topic(prefix + BUDGET_CLAIMS.name, value_type=bytes, key_type=bytes)
+    told: dict[str, Claim] = {}  # pool -> the claim last sent
 
     async def plan(records: list[Any]) -> None:
         for r in records:
-            spec = specs[r.topic]
+            spec = planned[r.topic]
+            partition_of[r.key] = r.partition
             try:
                 if spec.envelope:  # its valid samples (the bad ones are ingest's to letter)
                     tick = decode_tick(r.value, spec.value_type).tick
-                    out = [] if tick is None else planner.tick(tick)
+                    out = [] if tick is None else control.tick(tick)
                 else:
-                    out = planner.feed(decode(r.value, spec.value_type))
+                    out = control.feed(decode(r.value, spec.value_type))
             except DecodeError:
-                continue  # ingest dead-letters it
+                continue
             if out:  # each message's as it is handled
                 await outputs.publish(out)
+        if sharing:
+            await claim()
 
-    loops.add("control.plan", READ, plan, batch_within_s=wiring.batch_within_s)
+    async def claim() -> None:
+        """Send each of our pools' claims that changed since it was last sent."""
+        for pool, held in list(control.budget.held.items()):
+            if told.get(pool) == held:
+                continue
+            told[pool] = held
+            record = BudgetClaim(
+                pool=pool, region=control.pool_regions.get(pool, "unknown"),
+                units=held.units, capacity_units=held.capacity_units, claimed_at=held.at,
+                owner=owner,
+            )  # fmt: skip
+            await claims_topic.send(key=BUDGET_CLAIMS.key_for(record), value=encode(record))
+            claims_sent.inc()
+
+    async def handed_over(revoked: set[TopicPartition]) -> None:
+        gone = {tp.partition for tp in revoked if tp.topic in planned}
+        moved = [key for key, p in partition_of.items() if p in gone]
+        control.release(key.decode() for key in moved)
+        for key in moved:
+            del partition_of[key]
+        for pool in [p for p in told if p not in control.budget.held]:
+            del told[pool]
+
+    loops.add(
+        "control.plan", tuple(regional(s) for s in READ), plan,
+        batch_within_s=wiring.batch_within_s, on_revoked=handed_over, co_partitioned=True,
+    )  # fmt: skip
+
+    if sharing:
+
+        async def hear_claims() -> None:
+            """Every other control process's claims, from the topic's start (compacted: each
+            pool's latest) and on as they come."""
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_of(app))
+            await consumer.start()
+            try:
+                tp = TopicPartition(prefix + BUDGET_CLAIMS.name, 0)
+                consumer.assign([tp])
+                await consumer.seek_to_beginning(tp)
+                while True:
+                    for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                        for raw in records:
+                            _heard(raw)
+            finally:
+                await consumer.stop()
+
+        def _heard(raw: Any) -> None:
+            try:
+                record = decode(raw.value, BudgetClaim)
+            except DecodeError as exc:  # our own records: only a version moved
+                claims_unread.inc()
+                log.warning("unreadable BudgetClaim at %s/%d@%d: %s",
+                            raw.topic, raw.partition, raw.offset, exc)  # fmt: skip
+                return
+            if record.owner != owner:
+                claim = Claim(record.units, record.capacity_units, record.claimed_at)
+                control.budget.claim(record.pool, claim)
+
+        app.task(hear_claims)
+
+    @app.page("/control/regions")
+    async def regions_page(web: Any, request: Any) -> Any:
+        """The regions this worker plans, with their partition and pools; what each of our
+        pools holds of the fleet's optional-work limit and what the other processes' pools
+        claim; pools seen in two regions (planned apart: a naming error to fix)."""
+        refused = refusal(access, request.headers, guarded=False)
+        if refused is not None:
+            return web.json({"error": refused[1]}, status=refused[0])
+        out = []
+        for region, planner in sorted(control.planners.items()):
+            out.append({
+                "region": region, "partition": partition_of.get(region.encode()),
+                "pools": sorted(planner.pools), "racks": len(planner.power.racks),
+            })  # fmt: skip
+        budget = control.budget
+
+        def claims(held: dict[str, Claim]) -> dict[str, Any]:
+            return {
+                p: {"units": c.units, "capacity_units": c.capacity_units, "at": c.at.isoformat()}
+                for p, c in sorted(held.items())
+            }
+
+        return web.json({
+            "regions": out, "owner": owner, "crossing": sorted(control.crossing),
+            "budget": {"limit_units": budget.limit_units if sharing else None,
+                       "held": claims(budget.held), "claimed_elsewhere": claims(budget.remote)},
+        })  # fmt: skip
+
     return []

@@ -19,7 +19,7 @@ PRODUCTION = {
     "CapacityController", "TpotGuard", "PowerController", "GlobalBudget", "IsolationLadder",
     "Guardrail", "HealthDetector", "WarmingPolicy", "DemandForecaster", "RackPlanner",
 }  # fmt: skip
-PLANNERS = {"ControlPlanner", "DemandPlanner"}  # only from a wiring built from settings
+PLANNERS = {"ControlPlanner", "RegionalControl", "DemandPlanner"}  # from a settings wiring
 
 
 def _called(node: ast.Call) -> str:
