@@ -22,7 +22,11 @@ mean, and the forecast at a horizon comes from the candidate with the lowest
 signed errors at that horizon: rolling ``band_quantiles`` (10th and 90th
 percentiles by default) added to the point forecast, never below zero.
 
-Scores before it learns; picklable; time is the step index.
+Scores before it learns; picklable; time is the step index. :meth:`~DemandForecaster.remember`
+writes what it learned as plain values and :meth:`~DemandForecaster.recall` reads them
+back into a forecaster made with the same settings, which then forecasts exactly as the
+one remembered would have (a process that takes a series over from another goes on with
+its memory).
 
 Example::
 
@@ -89,13 +93,13 @@ class DemandForecaster:
         self._hw_season: Any = None
         self.errors = {(m, h): math.nan for m in self.candidates for h in self.horizons}
         lo, hi = band_quantiles
-        self.residuals = {
-            (m, h): (
-                stats.RollingQuantile(q=lo, window_size=band_window),
-                stats.RollingQuantile(q=hi, window_size=band_window),
-            )
-            for m in self.candidates
-            for h in self.horizons
+        self.band_quantiles = (lo, hi)
+        self.band_window = band_window
+        self.residuals = {(m, h): self._band() for m in self.candidates for h in self.horizons}
+        # the same signed errors as they came (the rolling quantiles keep theirs out of
+        # reach): what remembering the bands takes
+        self.recent: dict[tuple[str, int], deque[float]] = {
+            (m, h): deque(maxlen=band_window) for m in self.candidates for h in self.horizons
         }
         # forecasts made, waiting for their target step: step -> [(model, horizon, value)]
         self.pending: dict[int, list[tuple[str, int, float]]] = {}
@@ -147,6 +151,79 @@ class DemandForecaster:
         lo, hi = self.residuals[(model, horizon)]
         lo.update(actual - forecast)
         hi.update(actual - forecast)
+        self.recent[(model, horizon)].append(actual - forecast)
+
+    def _band(self) -> tuple[Any, Any]:
+        lo, hi = self.band_quantiles
+        return (
+            stats.RollingQuantile(q=lo, window_size=self.band_window),
+            stats.RollingQuantile(q=hi, window_size=self.band_window),
+        )
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def remember(self) -> dict[str, Any]:
+        """What it has learned, as JSON-able values (a non-finite number as ``None``)."""
+        return {
+            "n": self.n,
+            "history": list(self.history),
+            "levels": list(self.levels),
+            "phase_mean": list(self.phase_mean),
+            "errors": [[m, h, _plain(e)] for (m, h), e in self.errors.items()],
+            "recent": [[m, h, list(errs)] for (m, h), errs in self.recent.items() if errs],
+            "pending": [
+                [step, [[m, h, v] for m, h, v in made]] for step, made in self.pending.items()
+            ],
+            "hw_trend": _remember_hw(self._hw_trend),
+            "hw_season": None if self._hw_season is None else _remember_hw(self._hw_season),
+        }
+
+    def recall(self, memory: dict[str, Any]) -> None:
+        """Take up what :meth:`remember` wrote (by a forecaster with the same settings).
+        Raises ``ValueError`` on a memory of other settings (horizons, season, candidates)
+        or of another shape: better to learn afresh than to forecast from a misread one."""
+        try:
+            errors = {(m, int(h)): math.nan if e is None else float(e)
+                      for m, h, e in memory["errors"]}  # fmt: skip
+            if set(errors) != set(self.errors):
+                raise ValueError("remembered with other candidates or horizons")
+            history = [float(v) for v in memory["history"]]
+            phase_mean = [float(v) for v in memory["phase_mean"]]
+            if len(phase_mean) > self.season or len(history) > (self.history.maxlen or 0):
+                raise ValueError("remembered with another season")
+            levels = [float(v) for v in memory["levels"]]
+            if len(levels) != len(self.levels):
+                raise ValueError("remembered with other level gains")
+            recent = {(m, int(h)): [float(v) for v in errs] for m, h, errs in memory["recent"]}
+            pending = {
+                int(step): [(m, int(h), float(v)) for m, h, v in made]
+                for step, made in memory["pending"]
+            }
+            season = memory["hw_season"]
+            hw_season = None
+            if season is not None:
+                hw_season = _holt_winters(
+                    alpha=self.hw_params[0], beta=self.hw_params[1], gamma=self.hw_params[2],
+                    seasonality=self.season,
+                )  # fmt: skip
+                _recall_hw(hw_season, season)
+            hw_trend = _holt_winters(alpha=self.hw_params[0], beta=self.hw_params[1])
+            _recall_hw(hw_trend, memory["hw_trend"])
+            n = int(memory["n"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a forecaster's memory: {exc!r}") from exc
+        self.n, self.levels, self.phase_mean, self.errors = n, levels, phase_mean, errors
+        self.history.clear()
+        self.history.extend(history)
+        self.pending = pending
+        self._hw_trend, self._hw_season = hw_trend, hw_season
+        for slot in self.residuals:
+            self.residuals[slot] = lo, hi = self._band()
+            self.recent[slot].clear()
+            for err in recent.get(slot, ()):
+                lo.update(err)
+                hi.update(err)
+                self.recent[slot].append(err)
 
     # -- forecasting ----------------------------------------------------------------------
 
@@ -208,3 +285,31 @@ class DemandForecaster:
 
 def _holt_winters(**params: Any) -> Any:
     return time_series.HoltWinters(**params)  # type: ignore[no-untyped-call]
+
+
+def _plain(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _remember_hw(model: Any) -> dict[str, Any]:
+    """A river Holt-Winters' state: its components (bounded deques) and its first values."""
+    return {
+        "level": list(model.level),
+        "trend": None if model.trend is None else list(model.trend),
+        "season": None if model.season is None else list(model.season),
+        "first": list(model._first_values),
+        "initialized": bool(model._initialized),
+    }
+
+
+def _recall_hw(model: Any, memory: dict[str, Any]) -> None:
+    """Put :func:`_remember_hw`'s state into a Holt-Winters made with the same settings."""
+    for name in ("level", "trend", "season"):
+        part, values = getattr(model, name), memory[name]
+        if (part is None) != (values is None):
+            raise ValueError(f"Holt-Winters remembered with another {name}")
+        if part is not None:
+            part.clear()
+            part.extend(float(v) for v in values)
+    model._first_values = [float(v) for v in memory["first"]]
+    model._initialized = bool(memory["initialized"])

@@ -76,6 +76,7 @@ class DemandTuning:
     load_s: float = 60.0
     load_s_by_accelerator: Mapping[str, float] = field(default_factory=dict)
     pool_suffix: str = "h100"  # default pool of a region for a model served nowhere there
+    memory_every_s: float = 60.0  # how often each key's planner state is kept (state.demand.v1)
     warming: WarmingConfig = field(default_factory=WarmingConfig)
 
     def __post_init__(self) -> None:
@@ -251,12 +252,15 @@ class DemandPlanner:
     def _key(self, model: str, region: str) -> _Key:
         k = self.keys.get((model, region))
         if k is None:
-            season = max(2, round(self.wiring.season_s / self.wiring.step_s))
-            k = self.keys[(model, region)] = _Key(
-                DemandForecaster(horizons=self.horizon_steps, season=season),
-                WarmingPolicy(self.wiring.warming),
-            )
+            k = self.keys[(model, region)] = self._new_key()
         return k
+
+    def _new_key(self) -> _Key:
+        season = max(2, round(self.wiring.season_s / self.wiring.step_s))
+        return _Key(
+            DemandForecaster(horizons=self.horizon_steps, season=season),
+            WarmingPolicy(self.wiring.warming),
+        )
 
     def serving(self, metrics: AnyServingSample) -> None:
         """One replica's serving report, in one process: through :class:`ServingSteps` into
@@ -269,6 +273,47 @@ class DemandPlanner:
         """Forget ``keys`` (model, region): another process plans them now."""
         for k in keys:
             self.keys.pop(k, None)
+
+    def remember(self, model: str, region: str) -> dict[str, Any]:
+        """What the planner holds of ``(model, region)`` as JSON-able values: its forecaster's
+        memory, the warming policy's, the step open and what it has counted of it, the
+        serving counts held, the capacity learned and the replicas still loading."""
+        k = self.keys[(model, region)]
+        return {
+            "forecaster": k.forecaster.remember(),
+            "policy": {"surplus_since": k.policy.surplus_since,
+                       "spent_replica_steps": k.policy.spent_replica_steps},
+            "step": k.step, "requests": k.requests, "capacity_rps": k.capacity_rps,
+            "served": [[step, source, pool, replicas, requests]
+                       for step, parts in k.served.items()
+                       for (source, pool), (replicas, requests) in parts.items()],
+            "closed": [k.closed[0], k.closed[1]],
+            "loading": [[pool, ready.isoformat()] for pool, ready in k.loading],
+        }  # fmt: skip
+
+    def recall(self, model: str, region: str, memory: dict[str, Any]) -> None:
+        """Plan ``(model, region)`` from what :meth:`remember` wrote (a process that held it
+        before): going on from there gives what that process would have. Raises
+        ``ValueError`` on a memory this planner cannot read (other settings); the key is
+        then left as it was."""
+        fresh = self._new_key()
+        try:
+            fresh.forecaster.recall(memory["forecaster"])
+            policy = memory["policy"]
+            since = policy["surplus_since"]
+            fresh.policy.surplus_since = None if since is None else int(since)
+            fresh.policy.spent_replica_steps = float(policy["spent_replica_steps"])
+            fresh.step, fresh.requests = int(memory["step"]), float(memory["requests"])
+            fresh.capacity_rps = float(memory["capacity_rps"])
+            for step, source, pool, replicas, requests in memory["served"]:
+                parts = fresh.served.setdefault(int(step), {})
+                parts[(str(source), str(pool))] = (int(replicas), int(requests))
+            closed, by_pool = memory["closed"]
+            fresh.closed = (int(closed), {str(p): int(n) for p, n in by_pool.items()})
+            fresh.loading = [(str(p), datetime.fromisoformat(at)) for p, at in memory["loading"]]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a demand key's memory: {exc!r}") from exc
+        self.keys[(model, region)] = fresh
 
     def serving_step(self, record: ServingStep) -> bool:
         """What a source saw a (model, region, pool) serve in a step so far: kept, per

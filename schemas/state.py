@@ -71,6 +71,19 @@ class DetectorMemory(Contract):
     memory: dict[str, Any]
 
 
+class DemandMemory(Contract):
+    """What the demand planner holds of one (model, region) (``state.demand.v1``, keyed
+    like the demand, in its partition): its forecaster's and warming policy's memory, the
+    step open and the serving counts held (:meth:`planning.demand.DemandPlanner.remember`).
+    ``offset``: the demand partition's next offset when it was written; the memory holds
+    every demand record before it."""
+
+    model: Identifier
+    region: Identifier
+    offset: Count
+    memory: dict[str, Any]
+
+
 class IsolationRecord(Contract):
     """One record of ``state.isolation.v1``: a device's ladder entry or the guardrail."""
 

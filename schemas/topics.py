@@ -14,7 +14,7 @@ from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCo
 from schemas.derived import BudgetClaim, ServingStep
 from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
-from schemas.state import DetectorMemory, IsolationRecord
+from schemas.state import DemandMemory, DetectorMemory, IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
 
 HOUR_MS = 3600 * 1000
@@ -266,7 +266,18 @@ HEALTH_STATE = TopicSpec(
 )
 """The health detector's per-device memory (:mod:`models.health_memory`); not ingested."""
 
-STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE)
+DEMAND_STATE = TopicSpec(
+    "state.demand.v1",
+    TopicKind.STATE,
+    DemandMemory,
+    ("model", "region"),
+    partitions=DEMAND.partitions,  # as the demand: a key's record sits in its partition
+    retention_ms=-1,
+    compacted=True,
+)
+"""The demand planner's memory per (model, region) (:mod:`planning.demand`); not ingested."""
+
+STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE, DEMAND_STATE)
 
 SERVING_STEPS = TopicSpec(
     "demand.serving-steps.v1",

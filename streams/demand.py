@@ -16,6 +16,14 @@ the partitions allow:
 Records are sent as the batches that made them are handled and are on the broker before
 those batches' offsets are committed (the role loops' rule); a replay sends the same or
 smaller counts, and the planner keeps the largest per source and step.
+
+What the planner has learned of a key (its forecaster, its warming policy, the step open)
+is written to ``state.demand.v1`` (:class:`~schemas.state.DemandMemory`, compacted,
+in the key's demand partition) every ``memory_every_s`` and when its partition leaves,
+stamped with the partition's next offset; the process that takes the partition reads it
+back before its first record. Handed over on a rebalance, the stamp is the committed
+offset and planning goes on exactly; after a crash the new owner replays the demand from
+the last stamp, acting on nothing its predecessor had acted on.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import time
 from typing import Any
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
 from controllers.clock import EventClock
@@ -34,12 +42,25 @@ from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import ServingStep
 from schemas.envelopes import ServingTick
 from schemas.events import Demand, ServingMetrics
-from schemas.topics import DEMAND, FORECASTS, SERVING, SERVING_STEPS, SERVING_TICKS, TopicSpec
+from schemas.state import DemandMemory
+from schemas.topics import (
+    DEMAND,
+    DEMAND_STATE,
+    FORECASTS,
+    SERVING,
+    SERVING_STEPS,
+    SERVING_TICKS,
+    TopicSpec,
+)
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
+from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""(model, region): what demand is planned per."""
 
 
 def add_demand(
@@ -64,6 +85,16 @@ def add_demand(
     late = Counter(
         "fleetloop_demand_serving_samples_late_total",
         "Serving samples older than their partition's demand step in progress: not counted",
+        registry=registry,
+    )
+    kept = Counter(
+        "fleetloop_demand_memory_written_total",
+        "Per-key demand planner memories written to state.demand.v1",
+        registry=registry,
+    )
+    recalled = Counter(
+        "fleetloop_demand_memory_recalled_keys_total",
+        "(model, region) keys whose planning was taken up from state.demand.v1",
         registry=registry,
     )
     unread = Counter(
@@ -116,7 +147,12 @@ def add_demand(
     planner = DemandPlanner(wiring)
     clock = EventClock()
     demand_topic, steps_name = prefix + DEMAND.name, prefix + SERVING_STEPS.name
-    partition_of: dict[tuple[str, str], int] = {}  # (model, region) -> its partition
+    partition_of: dict[Key, int] = {}  # (model, region) -> its partition
+    memory = StateTopic(app, prefix + DEMAND_STATE.name, partitions=DEMAND_STATE.partitions)
+    position: dict[int, int] = {}  # demand partition -> the next offset its planning needs
+    skip: dict[int, int] = {}  # demand partition -> its records before this are remembered
+    quiet: dict[int, int] = {}  # demand partition -> records before this were acted on
+    dirty: set[Key] = set()  # keys whose planning moved since their memory was written
 
     async def plan(records: list[Any]) -> None:
         # a batch's serving steps first: a demand event that closes a step sees them
@@ -129,42 +165,125 @@ def add_demand(
                     log.warning("unreadable ServingStep at %s/%d@%d: %s",
                                 r.topic, r.partition, r.offset, exc)  # fmt: skip
                     continue
-                partition_of[(record.model, record.region)] = r.partition
+                key = (record.model, record.region)
+                partition_of[key] = r.partition
+                dirty.add(key)
                 if not planner.serving_step(record):
                     unread.inc()
                     log.warning("ServingStep of %g s steps at %s/%d@%d (this worker's: %g s)",
                                 record.step_s, r.topic, r.partition, r.offset,
                                 wiring.step_s)  # fmt: skip
         for r in records:
-            if r.topic != demand_topic:
+            if r.topic != demand_topic or r.offset < skip.get(r.partition, -1):
                 continue
+            position[r.partition] = r.offset + 1
             try:
                 demand = decode(r.value, Demand)
             except DecodeError:
                 continue  # ingest dead-letters it
-            partition_of[(demand.model, demand.region)] = r.partition
+            key = (demand.model, demand.region)
+            partition_of[key] = r.partition
+            dirty.add(key)
             clock.observe(demand.observed_at, time.monotonic())
             started = time.perf_counter()
             made, warm_steps = planner.demand(demand, now=clock.now(time.monotonic()))
             if made:
                 timer.observe(time.perf_counter() - started)
+            if r.offset < quiet.get(r.partition, -1):
+                continue  # replayed after a crash: its previous owner sent these
             for f in made:
                 await forecasts.send(key=FORECASTS.key_for(f), value=encode(f))
             await outputs.publish(decide_warm(step, wiring) for step in warm_steps)
 
+    async def keep(partitions: set[int] | None = None) -> None:
+        """Write the memory of every key whose planning moved, in ``partitions`` (all when
+        None), each stamped with its partition's next offset: a partition's newest stamp
+        is where its planning resumes, as every key whose planning moved before it was
+        written with it."""
+        records: dict[int, list[tuple[str, DemandMemory]]] = {}
+        for key in sorted(dirty):
+            partition = partition_of.get(key)
+            if partition is None or key not in planner.keys or partition not in position:
+                continue
+            if partitions is not None and partition not in partitions:
+                continue
+            model, region = key
+            record = DemandMemory(
+                model=model, region=region, offset=position[partition],
+                memory=planner.remember(model, region),
+            )  # fmt: skip
+            records.setdefault(partition, []).append((f"{model}|{region}", record))
+        for partition, batch in records.items():
+            kept.inc(await memory.write(batch, partition=partition))
+            dirty.difference_update((r.model, r.region) for _, r in batch)
+
+    async def keep_memory() -> None:
+        """Every ``memory_every_s``: a crash costs a replay from the last round, not what
+        the planner learned."""
+        try:
+            async with plan_loop.paused():
+                await keep()
+        except Exception as exc:  # the next round writes them again
+            log.warning("demand memory not kept this round: %r", exc)
+
     async def handed_over(revoked: set[TopicPartition]) -> None:
-        # the keys of a revoked partition are planned by its next owner, from its records
-        # on: their forecasters start again there (a forecaster's memory is not handed on)
+        # what the keys of a revoked partition have learned goes to the state topic first
+        # (their offsets are committed: the next owner goes on from exactly there)
         gone = {tp.partition for tp in revoked if tp.topic == demand_topic}
+        try:
+            await keep(gone)
+        except Exception as exc:  # a cache of learning: the next owner learns afresh
+            log.warning("demand memory of partitions %s not kept: %r", sorted(gone), exc)
         keys = {k for k, p in partition_of.items() if p in gone}
         planner.release(keys)
         for k in keys:
             del partition_of[k]
+            dirty.discard(k)
+        for p in gone:
+            for held in (position, skip, quiet):
+                held.pop(p, None)
 
-    loops.add(
-        "demand.plan", (DEMAND, SERVING_STEPS), plan,
-        batch_within_s=0.5, on_revoked=handed_over, co_partitioned=True,
+    async def taken_over(consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+        """Read back what the previous owners kept of the arriving demand partitions; where
+        it is older than their committed offset (a crash since), replay from it, acting on
+        nothing already acted on; where newer, skip what it holds."""
+        parts = {tp.partition for tp in assigned if tp.topic == demand_topic}
+        taken = 0
+        for partition in sorted(parts):
+            tp = TopicPartition(demand_topic, partition)
+            committed = await consumer.committed(tp)
+            try:
+                held = await memory.load(DemandMemory, only={partition})
+            except Exception as exc:  # a cache of learning, not a safety state: learn afresh
+                log.warning("demand memory of partition %d not read: %r", partition, exc)
+                held = {}
+            stamp = None
+            for record in held.values():
+                key = (record.model, record.region)
+                try:
+                    planner.recall(record.model, record.region, record.memory)
+                except ValueError as exc:
+                    log.warning("demand memory of %s not used (learning afresh): %s", key, exc)
+                    continue
+                taken += 1
+                partition_of[key] = partition
+                stamp = record.offset if stamp is None else max(stamp, record.offset)
+            if stamp is None:
+                if committed is not None:
+                    position[partition] = committed
+            elif committed is None or stamp >= committed:
+                skip[partition] = position[partition] = stamp
+            else:
+                consumer.seek(tp, stamp)
+                position[partition], quiet[partition] = stamp, committed
+        recalled.inc(taken)
+        log.info("demand memory read back for partitions %s: %d keys", sorted(parts), taken)
+
+    plan_loop = loops.add(
+        "demand.plan", (DEMAND, SERVING_STEPS), plan, batch_within_s=0.5,
+        on_revoked=handed_over, on_assigned=taken_over, co_partitioned=True,
     )  # fmt: skip
+    app.timer(interval=wiring.memory_every_s, name="demand.keep_memory")(keep_memory)
 
     @app.page("/demand/keys")
     async def keys_page(web: Any, request: Any) -> Any:
@@ -187,6 +306,7 @@ def add_demand(
             out.append({
                 "model": model, "region": region, "partition": partition_of.get((model, region)),
                 "step": key.step, "served": held, "closed_step": closed, "ready": ready,
+                "learned": key.forecaster.n,
             })  # fmt: skip
         return web.json({"keys": out, "step_s": wiring.step_s})
 

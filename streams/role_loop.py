@@ -22,7 +22,10 @@ Guarantees, the same as the faust agents they replace, made explicit:
   offsets committed before the partitions go, then the processor's own hook
   runs (a detector hands its devices' memory on); a batch fetched before the
   revocation and handled after it keeps only the partitions still owned, so no
-  device is judged by two processes.
+  device is judged by two processes;
+- partitions that arrive go to the processor's own hook before anything is
+  fetched from them (Kafka runs every member's revocation first), which may
+  read back what their previous owner kept and seek them to replay from it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ the broker's append time on our topics), ``key``, ``value``."""
 
 Handler = Callable[[list[Record]], Awaitable[None]]
 Revoked = Callable[[set[TopicPartition]], Awaitable[None]]
+Assigned = Callable[[AIOKafkaConsumer, set[TopicPartition]], Awaitable[None]]
 
 
 def role_group(app_id: str, processor: str) -> str:
@@ -124,6 +128,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("%s assigned %d partitions", self.loop.name, len(assigned))
+        await self.loop.assigned(set(assigned))
 
 
 class RoleLoop:
@@ -137,12 +142,14 @@ class RoleLoop:
         *,
         flush: Callable[[], Awaitable[Any]],
         on_revoked: Revoked | None = None,
+        on_assigned: Assigned | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
         self.handle = handle
         self.flush = flush
         self.on_revoked = on_revoked
+        self.on_assigned = on_assigned
         self.generation = 0  # bumped by every revocation
         self._lock = asyncio.Lock()  # a batch in hand, or a revocation: one at a time
         self._uncommitted: dict[TopicPartition, int] = {}
@@ -189,6 +196,18 @@ class RoleLoop:
             if self.on_revoked is not None:
                 await self.on_revoked(revoked)
 
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """Partitions arrive (every previous owner has handed them over): the processor's
+        own hook runs before anything is fetched from them, and may seek them (to replay
+        from the memory it read back)."""
+        if self.on_assigned is not None and self._consumer is not None:
+            async with self._lock:
+                await self.on_assigned(self._consumer, assigned)
+
+    def paused(self) -> asyncio.Lock:
+        """Held, no batch is handled nor any partition handed over (``async with``)."""
+        return self._lock
+
     async def _commit(self) -> None:
         assert self._consumer is not None
         offsets, self._uncommitted = self._uncommitted, {}
@@ -233,6 +252,7 @@ class RoleLoops:
         *,
         batch_within_s: float,
         on_revoked: Revoked | None = None,
+        on_assigned: Assigned | None = None,
         co_partitioned: bool = False,
     ) -> RoleLoop:
         """Run ``handle`` over the topics of ``specs`` (with the prefix) as ``processor``;
@@ -248,7 +268,10 @@ class RoleLoops:
             commit_interval_s=self.commit_interval_s,
             co_partitioned=co_partitioned,
         )
-        loop = RoleLoop(processor, settings, handle, flush=self._flush, on_revoked=on_revoked)
+        loop = RoleLoop(
+            processor, settings, handle, flush=self._flush, on_revoked=on_revoked,
+            on_assigned=on_assigned,
+        )  # fmt: skip
         self.groups[group] = list(specs)
         on_fatal = self.on_fatal
 

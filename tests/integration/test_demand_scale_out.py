@@ -5,6 +5,9 @@ one worker that plans it. With two workers, then three: every (model, region) is
 by exactly one worker, never by two at once, and each step it closed counted every
 replica that served in it, wherever its node's partition was read.
 
+A key that moves goes on with what its planner had learned (``state.demand.v1``): handed
+over on a rebalance, or replayed from its last memory when its worker is killed.
+
 Real broker, `fleetloop sim` publishing for 24 nodes, and `fleetloop worker --processors
 demand` processes, as deployed; the truth is read off the serving topic itself.
 """
@@ -83,9 +86,12 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     sim, workers = fleet_and_workers(
-        kafka_bootstrap, topic_prefix, tmp_path, "demand", "--demand.step-s", str(STEP_S)
-    )
+        kafka_bootstrap, topic_prefix, tmp_path, "demand", "--demand.step-s", str(STEP_S),
+        "--demand.memory-every-s", "2",
+    )  # fmt: skip
     twins: list[tuple[str, set[Key]]] = []  # any page read where two workers planned a key
+    owners: dict[Key, tuple[int, int]] = {}  # key -> (worker, steps learned), last read
+    moves: list[tuple[Key, int, int]] = []  # (key, learned before the move, after)
 
     def settle(running: list[WorkerProcess], timeout_s: float) -> tuple[float, dict[Key, Any]]:
         """Seconds until every key with demand is planned by exactly one of ``running``,
@@ -94,6 +100,12 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
         expected: set[Key] = set()
         while time.monotonic() - started < timeout_s:
             pages = _planned(running)
+            for i, page in enumerate(pages):
+                for key, planned in page.items():
+                    before = owners.get(key)
+                    if before is not None and before[0] != i:
+                        moves.append((key, before[1], planned["learned"]))
+                    owners[key] = (i, planned["learned"])
             for i, mine in enumerate(pages):
                 for theirs in pages[i + 1 :]:
                     if set(mine) & set(theirs):
@@ -145,12 +157,20 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
             assert time.monotonic() < deadline, "the third worker never planned a key"
             time.sleep(1.0)
         checked += counted_every_replica(owner)
+        handed = len(moves)
+        # the newcomer is killed: its keys are replayed from their last memory elsewhere
+        workers[2].kill()
+        killed, owner = settle(workers[:2], timeout_s=120)
+        checked += counted_every_replica(owner)
         print(
             f"2 workers: every key planned once after {first:.1f} s, split {split}; a third "
-            f"joined: settled again after {joined:.1f} s, split "
-            f"{[len(p) for p in _planned(workers)]}; {checked} closed steps counted exactly"
+            f"joined: settled again after {joined:.1f} s; killed: settled after {killed:.1f} "
+            f"s, split {[len(p) for p in _planned(workers[:2])]}; {checked} closed steps "
+            f"counted exactly; moves (key, steps learned before, after): {moves}"
         )
         assert twins == [], f"keys planned by two workers at once: {twins[:3]}"
+        assert handed > 0 and len(moves) > handed, moves
+        assert [m for m in moves if m[2] < m[1]] == [], "a key forgot what it had learned"
     finally:
         sim.stop()
         for worker in workers:

@@ -3,6 +3,7 @@ and the signed warm commands they become."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -242,3 +243,60 @@ def test_a_model_served_with_no_demand_keeps_three_steps_of_counts_not_all() -> 
         planner.serving(_serving("phi-3", second, "a", 5))
     newest = int((START + timedelta(seconds=3590)).timestamp() // 60)
     assert sorted(planner.keys[("phi-3", "us-east")].served) == [newest - 2, newest - 1, newest]
+
+
+def test_a_key_handed_to_another_planner_is_planned_as_if_it_had_never_moved() -> None:
+    """The planner of ``(model, region)`` changes every 97 s (a rebalance, a restart): the
+    next one recalls what the last remembered (through JSON, as the state topic carries it)
+    and forecasts, warms, cools and learns capacity as one planner that kept it all along.
+    Seeded with a short season so the seasonal models are in play."""
+    wiring = DemandWiring(step_s=10.0, replica_rps=10.0, season_s=120.0)
+    kept, moved = DemandPlanner(wiring), DemandPlanner(wiring)
+    source = ServingSteps(10.0)
+    replicas, hand_overs = 4, 0
+    one: Outcome = []
+    many: Outcome = []
+    key = ("qwen-7b", "us-east")
+    for t in range(0, 900):
+        for sample in _fleet_second(t, replicas):
+            source.add(sample, "p0")
+        for record in source.flush():
+            kept.serving_step(record)
+            moved.serving_step(record)
+        if t % 97 == 96:
+            memory = json.loads(json.dumps(moved.remember(*key)))
+            moved = DemandPlanner(wiring)
+            moved.recall(*key, memory)
+            hand_overs += 1
+        demand = _demand("qwen-7b", t, _load(t % 600))
+        for planner, out in ((kept, one), (moved, many)):
+            forecasts, steps = planner.demand(demand)
+            if forecasts:
+                out.append((
+                    tuple((f.made_at, f.horizon_s, f.point_rps, f.low_rps, f.high_rps, f.chosen)
+                          for f in forecasts),
+                    tuple((st.pool, st.decision.replicas, st.decision.reason) for st in steps),
+                    planner.keys[key].capacity_rps,
+                ))  # fmt: skip
+        if t % 10 == 9 and one and _asked(one[-1]) > 0:
+            replicas += 1
+    assert hand_overs == 9 and len(one) > 80
+    assert one == many
+    assert any(_asked(close) > 0 for close in one) and any(_asked(close) < 0 for close in one)
+    assert {c for close in one for _, _, _, _, _, c in close[0]} - {"persistence"}
+    assert moved.keys[key].forecaster.remember() == kept.keys[key].forecaster.remember()
+
+
+def test_a_memory_the_planner_cannot_read_leaves_the_key_as_it_was() -> None:
+    planner = DemandPlanner(DemandWiring(step_s=10.0))
+    for t in range(0, 100):
+        planner.demand(_demand("qwen-7b", t, 30))
+    before = planner.remember("qwen-7b", "us-east")
+    other = DemandPlanner(DemandWiring(step_s=10.0, horizons_s=(10.0, 20.0)))
+    for t in range(0, 100):
+        other.demand(_demand("qwen-7b", t, 30))
+    with pytest.raises(ValueError):
+        planner.recall("qwen-7b", "us-east", other.remember("qwen-7b", "us-east"))
+    with pytest.raises(ValueError, match="not a demand key's memory"):
+        planner.recall("qwen-7b", "us-east", {"forecaster": before["forecaster"]})
+    assert planner.remember("qwen-7b", "us-east") == before

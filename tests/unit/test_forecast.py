@@ -46,6 +46,39 @@ def test_forecaster_contract() -> None:
     assert again.forecast() == bands  # deterministic
 
 
+@pytest.mark.parametrize("learned", [0, 1, 2, 30, 60, 130])  # before, in and past the seasons
+def test_a_recalled_forecaster_goes_on_as_the_one_remembered(learned: int) -> None:
+    series = _seasonal(learned + 60, seed=11)
+    first = DemandForecaster(horizons=(1, 3, 5), season=24, band_window=40)
+    for y in series[:learned]:
+        first.learn_one(y)
+    taken = DemandForecaster(horizons=(1, 3, 5), season=24, band_window=40)
+    taken.recall(json.loads(json.dumps(first.remember())))
+    for y in series[learned:]:
+        assert taken.forecast() == first.forecast()
+        assert taken.candidate_forecasts() == first.candidate_forecasts()
+        first.learn_one(y)
+        taken.learn_one(y)
+    assert taken.forecast() == first.forecast() and taken.n == first.n
+    assert taken.remember() == first.remember()
+
+
+def test_a_memory_of_other_settings_is_refused_not_misread() -> None:
+    f = DemandForecaster(horizons=(1, 3), season=24)
+    for y in _seasonal(80):
+        f.learn_one(y)
+    memory = f.remember()
+    for other in (
+        DemandForecaster(horizons=(1, 5), season=24),
+        DemandForecaster(horizons=(1, 3), season=12),
+        DemandForecaster(horizons=(1, 3), season=24, level_alphas=(0.2,)),
+    ):
+        with pytest.raises(ValueError):
+            other.recall(memory)
+    with pytest.raises(ValueError, match="not a forecaster's memory"):
+        f.recall({"n": 3})
+
+
 def test_on_a_seasonal_series_it_beats_both_naive_baselines() -> None:
     f = DemandForecaster(horizons=(1, 6), season=24)
     score = ForecastScore()
