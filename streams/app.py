@@ -50,6 +50,10 @@ from streams.sink import ClickHouseSink
 
 log = logging.getLogger(__name__)
 
+PRODUCER_BATCH_BYTES = 512 * 1024
+"""The worker's producer batches records per partition up to this many bytes: while one
+request is in flight, what is sent meanwhile waits in one batch (no linger is added)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -156,6 +160,9 @@ def create_app(
         consumer_auto_offset_reset="earliest",
         topic_disable_leader=True,
         producer_acks=-1,
+        # a batch per partition up to this size (faust's default, 16 KB, holds four node
+        # envelopes: a produce request every four records where a role forwards them)
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         topic_allow_declare=False,
     )
     metrics = IngestMetrics(registry)

@@ -33,10 +33,11 @@ import math
 import os
 import socket
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
 from prometheus_client import CollectorRegistry, Counter
 
 from controllers.capacity import Claim
@@ -44,7 +45,13 @@ from planning.pools import RegionalControl
 from planning.throttle import ControlWiring
 from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import BudgetClaim
-from schemas.topics import BUDGET_CLAIMS, CONTROL_INPUTS, TopicSpec, regional
+from schemas.topics import (
+    BUDGET_CLAIMS,
+    CONTROL_INPUTS,
+    REGIONAL_PARTITIONS,
+    TopicSpec,
+    regional,
+)
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
@@ -97,26 +104,45 @@ def add_control(
     # -- stage 1: telemetry (by node or PDU) -> the same records by region --------------
     sources = {prefix + s.name: s for s in READ}
     twins = {prefix + s.name: prefix + regional(s).name for s in READ}
-    regions: dict[tuple[str, bytes], bytes] = {}  # (topic, key) -> its region, as a key
-    producer = app.producer
+    regions: dict[tuple[str, bytes], tuple[bytes, int]] = {}  # (topic, key) -> region, part
+
+    def region_key(name: str) -> tuple[bytes, int]:
+        """A region as its records' key, and its partition of the twins (the producer's
+        default: murmur2 of the key)."""
+        key = name.encode()
+        return key, (murmur2(key) & 0x7FFFFFFF) % REGIONAL_PARTITIONS
 
     async def route(records: list[Any]) -> None:
+        # a batch per twin partition, appended to directly: a record forwarded costs an
+        # append to a batch, not a send of its own
+        producer = cast(Any, app.producer)._ensure_producer()  # flushed with the worker's
+        batches: dict[tuple[str, int], Any] = {}
         sent = 0
         for r in records:
             where = (r.topic, r.key)
-            region = regions.get(where) if r.key is not None else None
-            if region is None:
+            found = regions.get(where) if r.key is not None else None
+            if found is None:
                 try:
                     name = region_of(r.value, sources[r.topic])
                 except DecodeError:
                     continue  # ingest dead-letters it
                 if name is None:
                     continue
-                region = name.encode()
+                found = region_key(name)
                 if r.key is not None:
-                    regions[where] = region
-            await producer.send(twins[r.topic], region, r.value, None, None, None)
+                    regions[where] = found
+            region, partition = found
+            slot = (twins[r.topic], partition)
+            batch = batches.get(slot)
+            if batch is None:
+                batch = batches[slot] = producer.create_batch()
+            if batch.append(key=region, value=r.value, timestamp=None) is None:  # full
+                await producer.send_batch(batch, slot[0], partition=partition)
+                batch = batches[slot] = producer.create_batch()
+                batch.append(key=region, value=r.value, timestamp=None)
             sent += 1
+        for (topic, partition), batch in batches.items():
+            await producer.send_batch(batch, topic, partition=partition)
         forwarded.inc(sent)
 
     loops.add("control.route", READ, route, batch_within_s=wiring.batch_within_s)

@@ -57,8 +57,9 @@ def test_control_workers_split_the_regions_and_share_the_limit(
     most = 0.0
 
     def settle(running: list[WorkerProcess], timeout_s: float) -> list[set[str]]:
-        """Wait until every region is planned by exactly one of ``running`` and each worker
-        has heard every other's pools' claims; the regions each plans."""
+        """Wait until every region is planned by exactly one of ``running``, two workers
+        plan one each (the regions hash to partitions apart) and each worker has heard every
+        other's pools' claims; the regions each plans."""
         nonlocal most
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
@@ -77,7 +78,7 @@ def test_control_workers_split_the_regions_and_share_the_limit(
                 if j != i
             )
             once = set().union(*planned) == REGIONS and sum(map(len, planned)) == len(REGIONS)
-            if once and heard:
+            if once and heard and sum(1 for p in planned if p) == len(REGIONS):
                 return planned
             time.sleep(0.5)
         raise AssertionError(f"not settled in {timeout_s} s: {pages}")
