@@ -181,6 +181,24 @@ class ControlPlanner(ThrottleIssuer):
         self.routing = PowerRouter(wiring.power_routing)
         self.shed_period: dict[str, int] = {}  # rack -> the period it last shed load in
 
+    def held(self) -> dict[str, Any]:
+        """What this planner's levers hold now (caps, low clocks, batch moves, routing
+        weights under 1), as JSON-able values: what a planner taking its racks and pools
+        over must :meth:`adopt` to give them back when it is time."""
+        weights = [[pool, u, w] for (pool, u), w in sorted(self.routing.weights.items())
+                   if w < 1.0]  # fmt: skip
+        return {"power": self.power.held(), "weights": weights}
+
+    def adopt(self, held: dict[str, Any]) -> None:
+        """Take over what another planner's levers held (:meth:`held`). Raises
+        ``ValueError`` on a record of another shape."""
+        try:
+            self.power.adopt(held["power"])
+            for pool, u, weight in held["weights"]:
+                self.routing.weights[(str(pool), str(u))] = float(weight)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a control planner's levers: {exc!r}") from exc
+
     def _rooms(self) -> dict[str, float]:
         return {name: pool.room_replicas for name, pool in self.pools.items()}
 

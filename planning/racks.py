@@ -95,6 +95,39 @@ class RackPlanner(ThrottleIssuer):
         # caps just set under a device's draw (device, draw, cap), for the router's weights;
         # whoever routes takes them (:meth:`take_new_caps`)
         self.new_caps: list[tuple[str, float, float]] = []
+        # what a previous planner of these racks held (:meth:`adopt`), for devices and racks
+        # not seen here yet: their default watts and low-clock mode, their batch moves
+        self.adopted: dict[str, tuple[float, bool]] = {}
+        self.adopted_moves: dict[str, dict[str, str]] = {}
+
+    def held(self) -> dict[str, Any]:
+        """What our levers hold now, as JSON-able values: each device our cap or low clock
+        holds down (its default watts, whether its clocks are low) and each rack's batch
+        work moved (pool -> the pool taking it). A planner that takes the racks over
+        :meth:`adopt`-s it, so it lifts what this one set; without it, a cap set here looks
+        like the device's default there and is never lifted."""
+        devices = {u: [d.default_watts, d.low_clock] for u, d in self.devices.items()
+                   if self.holds(u)}  # fmt: skip
+        devices.update({u: [w, low] for u, (w, low) in self.adopted.items()})
+        moves = {r: dict(rack.batch_moved) for r, rack in self.racks.items() if rack.batch_moved}
+        moves.update({r: dict(m) for r, m in self.adopted_moves.items()})
+        return {"devices": devices, "batch_moved": moves}
+
+    def adopt(self, held: dict[str, Any]) -> None:
+        """Take over what :meth:`held` said another planner's levers hold."""
+        for u, (default_watts, low_clock) in held["devices"].items():
+            d = self.devices.get(u)
+            if d is None:
+                self.adopted[u] = (float(default_watts), bool(low_clock))
+            else:
+                d.default_watts = max(d.default_watts, float(default_watts))
+                d.low_clock = d.low_clock or bool(low_clock)
+        for rack_id, moves in held["batch_moved"].items():
+            rack = self.racks.get(rack_id)
+            if rack is None:
+                self.adopted_moves[rack_id] = {str(src): str(to) for src, to in moves.items()}
+            else:
+                rack.batch_moved.update(moves)
 
     def take_new_caps(self) -> list[tuple[str, float, float]]:
         out, self.new_caps = self.new_caps, []
@@ -170,6 +203,9 @@ class RackPlanner(ThrottleIssuer):
                 node_id, rack_id, telemetry.power_usage_watts, telemetry.power_limit_watts,
                 telemetry.power_limit_watts,
             )  # fmt: skip
+            adopted = self.adopted.pop(telemetry.device_uuid, None)
+            if adopted is not None:
+                d.default_watts, d.low_clock = max(adopted[0], d.default_watts), adopted[1]
         d.draw_watts, d.cap_watts = telemetry.power_usage_watts, telemetry.power_limit_watts
         d.default_watts = max(d.default_watts, telemetry.power_limit_watts)
         d.min_watts, d.max_watts = telemetry.power_limit_min_watts, telemetry.power_limit_max_watts
@@ -178,6 +214,7 @@ class RackPlanner(ThrottleIssuer):
         rack = self.racks.get(reading.rack_id)
         if rack is None:
             rack = self.racks[reading.rack_id] = _Rack(PowerController(self.wiring.power))
+            rack.batch_moved = self.adopted_moves.pop(reading.rack_id, {})
         period, out = self._period(reading.observed_at), []
         if period > rack.period >= 0:
             if rack.closed_early != rack.period:

@@ -14,7 +14,7 @@ from schemas.commands import CommandResult, DeadLetter, RouteCommand, ThrottleCo
 from schemas.derived import BudgetClaim, ServingStep
 from schemas.envelopes import AcceleratorTick, ServingTick
 from schemas.events import AcceleratorTelemetry, Demand, NodeHealth, PduReading, ServingMetrics
-from schemas.state import DemandMemory, DetectorMemory, IsolationRecord
+from schemas.state import ControlMemory, DemandMemory, DetectorMemory, IsolationRecord
 from schemas.verdicts import Decision, Forecast, Verdict
 
 HOUR_MS = 3600 * 1000
@@ -277,7 +277,25 @@ DEMAND_STATE = TopicSpec(
 )
 """The demand planner's memory per (model, region) (:mod:`planning.demand`); not ingested."""
 
-STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE, DEMAND_STATE)
+REGIONAL_PARTITIONS = 6
+"""Partitions of the control role's region-keyed topics. A region's records go to one
+partition (the key's hash), so the role splits over at most as many processes as there are
+regions, and two regions may share a partition: more partitions than regions make that
+less likely (``GET /control/regions`` shows which process plans which)."""
+
+
+CONTROL_STATE = TopicSpec(
+    "state.control.v1",
+    TopicKind.STATE,
+    ControlMemory,
+    ("region",),
+    partitions=REGIONAL_PARTITIONS,  # a region's record in its telemetry's partition
+    retention_ms=-1,
+    compacted=True,
+)
+"""What each region's control planner's levers hold (:mod:`planning.pools`); not ingested."""
+
+STATE_TOPICS: tuple[TopicSpec, ...] = (ISOLATION_STATE, HEALTH_STATE, DEMAND_STATE, CONTROL_STATE)
 
 SERVING_STEPS = TopicSpec(
     "demand.serving-steps.v1",
@@ -289,12 +307,6 @@ SERVING_STEPS = TopicSpec(
 )
 """The demand role's repartition of serving telemetry from node keys to model|region keys
 (:mod:`schemas.derived`); not ingested."""
-
-REGIONAL_PARTITIONS = 6
-"""Partitions of the control role's region-keyed topics. A region's records go to one
-partition (the key's hash), so the role splits over at most as many processes as there are
-regions, and two regions may share a partition: more partitions than regions make that
-less likely (``GET /control/regions`` shows which process plans which)."""
 
 
 def regional(source: TopicSpec) -> TopicSpec:

@@ -45,9 +45,11 @@ from planning.pools import RegionalControl
 from planning.throttle import ControlWiring
 from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import BudgetClaim
+from schemas.state import ControlMemory
 from schemas.topics import (
     BUDGET_CLAIMS,
     CONTROL_INPUTS,
+    CONTROL_STATE,
     REGIONAL_PARTITIONS,
     TopicSpec,
     regional,
@@ -55,7 +57,7 @@ from schemas.topics import (
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
 from streams.role_loop import RoleLoops
-from streams.state_topic import bootstrap_of
+from streams.state_topic import StateTopic, bootstrap_of
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,16 @@ def add_control(
     claims_sent = Counter(
         "fleetloop_control_budget_claims_sent_total",
         "BudgetClaim records sent: a pool's new share of the fleet's optional-work limit",
+        registry=registry,
+    )
+    levers_kept = Counter(
+        "fleetloop_control_levers_written_total",
+        "Records of what a region's levers hold written to state.control.v1",
+        registry=registry,
+    )
+    levers_adopted = Counter(
+        "fleetloop_control_levers_adopted_total",
+        "Regions taken over with what their previous owner's levers held",
         registry=registry,
     )
     claims_unread = Counter(
@@ -156,7 +168,11 @@ def add_control(
     claims_topic = app.topic(prefix + BUDGET_CLAIMS.name, value_type=bytes, key_type=bytes)
     told: dict[str, Claim] = {}  # pool -> the claim last sent
 
+    levers = StateTopic(app, prefix + CONTROL_STATE.name, partitions=CONTROL_STATE.partitions)
+    written: dict[str, dict[str, Any]] = {}  # region -> what its levers held, as last written
+
     async def plan(records: list[Any]) -> None:
+        acted: set[bytes] = set()  # regions that decided something in this batch
         for r in records:
             spec = planned[r.topic]
             partition_of[r.key] = r.partition
@@ -169,9 +185,28 @@ def add_control(
             except DecodeError:
                 continue
             if out:  # each message's as it is handled
+                acted.add(r.key)
                 await outputs.publish(out)
+        if acted:
+            await keep({key.decode() for key in acted})
         if sharing:
             await claim()
+
+    async def keep(regions: set[str]) -> None:
+        """Write what ``regions``' levers hold where it changed: on the broker with the
+        commands that set it, before their offsets are committed."""
+        records = []
+        for region in sorted(regions):
+            planner = control.planners.get(region)
+            if planner is None:
+                continue
+            held = planner.held()
+            if held != written.get(region):
+                records.append((region, ControlMemory(region=region, held=held), held))
+        for region, record, held in records:
+            partition = partition_of[region.encode()]
+            levers_kept.inc(await levers.write([(region, record)], partition=partition))
+            written[region] = held
 
     async def claim() -> None:
         """Send each of our pools' claims that changed since it was last sent."""
@@ -190,15 +225,44 @@ def add_control(
     async def handed_over(revoked: set[TopicPartition]) -> None:
         gone = {tp.partition for tp in revoked if tp.topic in planned}
         moved = [key for key, p in partition_of.items() if p in gone]
+        try:  # what the next owner must give back
+            await keep({key.decode() for key in moved})
+        except Exception as exc:  # the next owner would take our caps for defaults: stop
+            loops.on_fatal("control.plan", exc)
+            raise
         control.release(key.decode() for key in moved)
         for key in moved:
             del partition_of[key]
+            written.pop(key.decode(), None)
         for pool in [p for p in told if p not in control.budget.held]:
             del told[pool]
 
+    async def taken_over(consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+        """Adopt what the previous owners' levers held in the arriving regions."""
+        del consumer
+        for partition in sorted({tp.partition for tp in assigned if tp.topic in planned}):
+            try:
+                held = await levers.load(ControlMemory, only={partition})
+            except Exception as exc:  # planning on without it would never lift its caps
+                loops.on_fatal("control.plan", exc)
+                raise
+            for region, record in held.items():
+                try:
+                    control.planner(region).adopt(record.held)
+                except ValueError as exc:
+                    log.error("levers held in %s not adopted: %s", region, exc)
+                    continue
+                levers_adopted.inc()
+                partition_of[region.encode()] = partition
+                written[region] = record.held
+                devices, weights = record.held["power"]["devices"], record.held["weights"]
+                log.info("region %s taken over: %d devices held down, %d weights adopted",
+                         region, len(devices), len(weights))  # fmt: skip
+
     loops.add(
         "control.plan", tuple(regional(s) for s in READ), plan,
-        batch_within_s=wiring.batch_within_s, on_revoked=handed_over, co_partitioned=True,
+        batch_within_s=wiring.batch_within_s, on_revoked=handed_over, on_assigned=taken_over,
+        co_partitioned=True,
     )  # fmt: skip
 
     if sharing:

@@ -2,8 +2,9 @@
 by node) between their ``control.route`` loops, which forward it keyed by region, and the
 region-keyed twins between their ``control.plan`` loops. With two workers, then three:
 every region is planned by exactly one worker, never by two at once; no pool's decision
-is made twice; and each worker hears the other workers' pools' claims on the fleet's
-optional-work limit.
+is made twice; each worker hears the other workers' pools' claims on the fleet's
+optional-work limit; and a region whose worker is killed is taken over with what its
+levers held.
 
 Real broker, `fleetloop sim` publishing for 24 nodes (three pods in two regions), and
 `fleetloop worker --processors control` processes, as deployed.
@@ -110,9 +111,24 @@ def test_control_workers_split_the_regions_and_share_the_limit(
             )
         ]
         made = Counter((d.controller, d.target, d.decided_at) for d in decisions)
+        # the worker planning us-east is killed: the one that takes the region over adopts
+        # what its levers held (state.control.v1) before it plans it
+        east = next(i for i, planned in enumerate(after) if "us-east" in planned)
+        adopted = [w.metric("fleetloop_control_levers_adopted_total") for w in workers]
+        workers[east].kill()
+        alive = [w for i, w in enumerate(workers) if i != east]
+        started = time.monotonic()
+        while "us-east" not in set().union(*(_planned(p) for p in _pages(alive))):
+            assert time.monotonic() - started < 120, "us-east never taken over"
+            time.sleep(0.5)
+        moved = time.monotonic() - started
+        took = [i for i, w in enumerate(workers) if i != east
+                and w.metric("fleetloop_control_levers_adopted_total") > adopted[i]]  # fmt: skip
+        assert took, "the region was taken over without what its levers held"
         print(
             f"2 workers: each region planned once after {first:.1f} s, split {split}; a third "
-            f"joined: settled again after {joined:.1f} s, split {after}; {len(decisions)} "
+            f"joined: settled again after {joined:.1f} s, split {after}; us-east taken over "
+            f"{moved:.1f} s after its worker was killed; {len(decisions)} "
             f"decisions; most optional work held at once {most:.2f} of {LIMIT}"
         )
         assert decisions, "no decision at all: nothing was planned"

@@ -10,6 +10,7 @@ a rack that loses a feed), in the loop: commands applied to the fleet as executo
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -26,6 +27,7 @@ from controllers.capacity import Claim, GlobalBudget
 from fleetloop.sim import build_dispatcher
 from planning.pools import ControlPlanner, RegionalControl
 from planning.throttle import ControlOutput, ControlWiring
+from schemas.commands import ClockMode
 from schemas.envelopes import AcceleratorTick, ServingTick
 from tests.factories import COMMAND_KEYS, START
 
@@ -146,3 +148,34 @@ def test_claims_count_until_replaced_or_lapsed_and_growth_is_shared() -> None:
     assert g.others("near", at + timedelta(seconds=4)) == 0.0
     g.release(["far"])
     assert g.others("near", at + timedelta(seconds=4)) == 9.0
+
+
+@pytest.mark.parametrize("adopted", [True, False])
+def test_the_next_owner_of_a_region_gives_back_what_its_last_owner_held(adopted: bool) -> None:
+    """A region moves while its rack is capped, clocked low and its replicas weighted
+    down: the next owner adopts what the last one's levers held (through JSON, as the state
+    topic carries it) and lifts it all once the feed is back. Without that it would take
+    each cap for the device's default, and the rack would stay capped for good."""
+    sim = _sim()
+    dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
+    control = RegionalControl(_wiring(), new_id=_ids())
+    handed: dict[str, object] = {}
+    for n in range(int(600 / sim.interval_s)):
+        for _, value in pack(sim.tick(n)):
+            for o in _feed(control, value):
+                if o.command is not None:
+                    dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
+        east = control.planners.get("us-east")
+        if not handed and east is not None and east.held()["power"]["devices"]:
+            handed = json.loads(json.dumps(east.held()))
+            control.release(["us-east"])
+            if adopted:
+                control.planner("us-east").adopt(handed)
+    held = handed["power"]["devices"]  # type: ignore[index]
+    assert held and handed["weights"], handed
+    devices = [d for node in sim.fleet.racks[0].nodes for d in node.devices]
+    lifted = all(d.power_cap_watts == d.spec.power_limit_watts for d in devices)
+    default_clocks = all(d.clock_mode is ClockMode.DEFAULT for d in devices)
+    weights = sim.fleet.router.replica_weights
+    restored = all(weights.get(u, 1.0) == 1.0 for u in held)
+    assert (lifted and default_clocks and restored) is adopted, (lifted, default_clocks, restored)
