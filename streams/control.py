@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from controllers.capacity import Claim
 from planning.pools import RegionalControl
+from planning.registry import POWER, POWER_ROUTING
 from planning.throttle import ControlWiring
 from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import BudgetClaim
@@ -60,6 +61,10 @@ from streams.role_loop import RoleLoops
 from streams.state_topic import StateTopic, bootstrap_of
 
 log = logging.getLogger(__name__)
+
+LEVERS = {POWER.name, POWER_ROUTING.name}
+"""The controllers whose decisions change what a region's levers hold (caps, clocks, batch
+moves, routing weights): a batch with one of theirs writes the region's record."""
 
 READ = CONTROL_INPUTS
 """What ``control.route`` reads: node ticks (v2), PDU readings, and v1 from older agents."""
@@ -170,6 +175,7 @@ def add_control(
 
     levers = StateTopic(app, prefix + CONTROL_STATE.name, partitions=CONTROL_STATE.partitions)
     written: dict[str, dict[str, Any]] = {}  # region -> what its levers held, as last written
+    recorded: set[bytes] = set()  # regions (as keys) with a record written or adopted
 
     async def plan(records: list[Any]) -> None:
         acted: set[bytes] = set()  # regions that decided something in this batch
@@ -185,7 +191,10 @@ def add_control(
             except DecodeError:
                 continue
             if out:  # each message's as it is handled
-                acted.add(r.key)
+                # a region's record is written once it decides (the next owner finds what
+                # it holds, nothing included), and again whenever its levers may move
+                if r.key not in recorded or any(o.decision.controller in LEVERS for o in out):
+                    acted.add(r.key)
                 await outputs.publish(out)
         if acted:
             await keep({key.decode() for key in acted})
@@ -207,6 +216,7 @@ def add_control(
             partition = partition_of[region.encode()]
             levers_kept.inc(await levers.write([(region, record)], partition=partition))
             written[region] = held
+            recorded.add(region.encode())
 
     async def claim() -> None:
         """Send each of our pools' claims that changed since it was last sent."""
@@ -234,6 +244,7 @@ def add_control(
         for key in moved:
             del partition_of[key]
             written.pop(key.decode(), None)
+            recorded.discard(key)
         for pool in [p for p in told if p not in control.budget.held]:
             del told[pool]
 
@@ -255,6 +266,7 @@ def add_control(
                 levers_adopted.inc()
                 partition_of[region.encode()] = partition
                 written[region] = record.held
+                recorded.add(region.encode())
                 devices, weights = record.held["power"]["devices"], record.held["weights"]
                 log.info("region %s taken over: %d devices held down, %d weights adopted",
                          region, len(devices), len(weights))  # fmt: skip
