@@ -23,11 +23,13 @@ from schemas.base import (
     Count,
     Identifier,
     IntervalSeconds,
-    NonNegFloat,
     UtcDatetime,
 )
 
 __all__ = ["BudgetClaim", "ServingStep"]
+
+DeviceUnits = Annotated[float, Field(ge=0.0, le=1e9)]
+"""An amount of accelerator capacity, in devices' worth."""
 
 
 class ServingStep(Contract):
@@ -57,8 +59,8 @@ class BudgetClaim(Contract):
 
     pool: Identifier
     region: Identifier
-    units: NonNegFloat = Field(description="device-equivalents of optional work it may run")
-    capacity_units: NonNegFloat = Field(description="its capacity then, in the same units")
+    units: DeviceUnits = Field(description="device-equivalents of optional work it may run")
+    capacity_units: DeviceUnits = Field(description="its capacity then, in the same units")
     claimed_at: UtcDatetime = Field(description="the control period's end (event time)")
     owner: Annotated[str, Field(min_length=1, max_length=256)] = Field(
         description="the control process that plans the pool (its claims are not its own others')"
