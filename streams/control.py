@@ -13,7 +13,9 @@ runs in as many processes as there are regions:
   range assignment), so one process plans each region and hears all of it, in one
   :class:`~planning.pools.RegionalControl`. A region that moves away takes its planner
   with it; the next owner starts its controllers afresh (no optional work until its PID
-  grants some).
+  grants some) but adopts what the last owner's levers hold (caps, low clocks, batch
+  moves, routing weights: :class:`~schemas.state.ControlMemory` on ``state.control.v1``),
+  so it gives them back when it is time.
 
 The fleet's optional-work limit (``global_budget_devices``, when finite) spans regions:
 each process sends what its pools hold as :class:`~schemas.derived.BudgetClaim` records
