@@ -477,28 +477,25 @@ class RegionalControl:
     def feed(self, value: Any) -> list[ControlOutput]:
         """One event (see :meth:`ControlPlanner.feed`), to its region's planner."""
         region = getattr(value, "region", None)
-        if region is None:
-            return []
-        planner = self.planner(region)
-        known = len(planner.pools)
-        out = planner.feed(value)
-        if len(planner.pools) > known:
-            self._placed(region, planner)
-        return out
+        return [] if region is None else self._in(region, lambda p: p.feed(value))
 
     def tick(self, tick: AcceleratorTick | ServingTick) -> list[ControlOutput]:
         """One node's envelope (see :meth:`ControlPlanner.tick`), to its region's planner."""
-        planner = self.planner(tick.region)
-        known = len(planner.pools)
-        out = planner.tick(tick)
-        if len(planner.pools) > known:
-            self._placed(tick.region, planner)
-        return out
+        return self._in(tick.region, lambda p: p.tick(tick))
 
-    def _placed(self, region: str, planner: ControlPlanner) -> None:
-        for pool in planner.pools:
-            if self.pool_regions.setdefault(pool, region) != region:
-                self.crossing.add(pool)
+    def _in(
+        self, region: str, call: Callable[[ControlPlanner], list[ControlOutput]]
+    ) -> list[ControlOutput]:
+        """``call`` on ``region``'s planner; a pool it made there that another region
+        already has is noted in ``crossing``."""
+        planner = self.planner(region)
+        known = len(planner.pools)
+        out = call(planner)
+        if len(planner.pools) > known:
+            for pool in planner.pools:
+                if self.pool_regions.setdefault(pool, region) != region:
+                    self.crossing.add(pool)
+        return out
 
     def release(self, regions: Iterable[str]) -> None:
         """Drop ``regions``' planners: another process plans them now."""

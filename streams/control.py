@@ -59,7 +59,7 @@ from schemas.topics import (
 )
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
-from streams.role_loop import RoleLoops
+from streams.role_loop import RoleLoops, decode_own
 from streams.state_topic import StateTopic, bootstrap_of
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,6 @@ def add_control(
 
     levers = StateTopic(app, prefix + CONTROL_STATE.name, partitions=CONTROL_STATE.partitions)
     written: dict[str, dict[str, Any]] = {}  # region -> what its levers held, as last written
-    recorded: set[bytes] = set()  # regions (as keys) with a record written or adopted
 
     async def plan(records: list[Any]) -> None:
         acted: set[bytes] = set()  # regions that decided something in this batch
@@ -195,7 +194,9 @@ def add_control(
             if out:  # each message's as it is handled
                 # a region's record is written once it decides (the next owner finds what
                 # it holds, nothing included), and again whenever its levers may move
-                if r.key not in recorded or any(o.decision.controller in LEVERS for o in out):
+                if r.key.decode() not in written or any(
+                    o.decision.controller in LEVERS for o in out
+                ):
                     acted.add(r.key)
                 await outputs.publish(out)
         if acted:
@@ -206,19 +207,15 @@ def add_control(
     async def keep(regions: set[str]) -> None:
         """Write what ``regions``' levers hold where it changed: on the broker with the
         commands that set it, before their offsets are committed."""
-        records = []
         for region in sorted(regions):
             planner = control.planners.get(region)
-            if planner is None:
+            held = None if planner is None else planner.held()
+            if held is None or held == written.get(region):
                 continue
-            held = planner.held()
-            if held != written.get(region):
-                records.append((region, ControlMemory(region=region, held=held), held))
-        for region, record, held in records:
+            record = ControlMemory(region=region, held=held)
             partition = partition_of[region.encode()]
             levers_kept.inc(await levers.write([(region, record)], partition=partition))
             written[region] = held
-            recorded.add(region.encode())
 
     async def claim() -> None:
         """Send each of our pools' claims that changed since it was last sent."""
@@ -246,7 +243,6 @@ def add_control(
         for key in moved:
             del partition_of[key]
             written.pop(key.decode(), None)
-            recorded.discard(key)
         for pool in [p for p in told if p not in control.budget.held]:
             del told[pool]
 
@@ -268,7 +264,6 @@ def add_control(
                 levers_adopted.inc()
                 partition_of[region.encode()] = partition
                 written[region] = record.held
-                recorded.add(region.encode())
                 devices, weights = record.held["power"]["devices"], record.held["weights"]
                 log.info("region %s taken over: %d devices held down, %d weights adopted",
                          region, len(devices), len(weights))  # fmt: skip
@@ -298,14 +293,8 @@ def add_control(
                 await consumer.stop()
 
         def _heard(raw: Any) -> None:
-            try:
-                record = decode(raw.value, BudgetClaim)
-            except DecodeError as exc:  # our own records: only a version moved
-                claims_unread.inc()
-                log.warning("unreadable BudgetClaim at %s/%d@%d: %s",
-                            raw.topic, raw.partition, raw.offset, exc)  # fmt: skip
-                return
-            if record.owner != owner:
+            record = decode_own(raw, BudgetClaim, claims_unread.inc)
+            if record is not None and record.owner != owner:
                 claim = Claim(record.units, record.capacity_units, record.claimed_at)
                 control.budget.claim(record.pool, claim)
 

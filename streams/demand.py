@@ -54,7 +54,7 @@ from schemas.topics import (
 )
 from streams.outputs import Outputs
 from streams.page_access import PageAccess, refusal
-from streams.role_loop import RoleLoops
+from streams.role_loop import RoleLoops, decode_own
 from streams.state_topic import StateTopic
 
 log = logging.getLogger(__name__)
@@ -158,12 +158,8 @@ def add_demand(
         # a batch's serving steps first: a demand event that closes a step sees them
         for r in records:
             if r.topic == steps_name:
-                try:
-                    record = decode(r.value, ServingStep)
-                except DecodeError as exc:  # our own records: only a version moved
-                    unread.inc()
-                    log.warning("unreadable ServingStep at %s/%d@%d: %s",
-                                r.topic, r.partition, r.offset, exc)  # fmt: skip
+                record = decode_own(r, ServingStep, unread.inc)
+                if record is None:
                     continue
                 key = (record.model, record.region)
                 partition_of[key] = r.partition

@@ -35,12 +35,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from schemas.codec import DecodeError, decode
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,25 @@ Record = Any
 """An aiokafka ``ConsumerRecord``: ``topic``, ``partition``, ``offset``, ``timestamp`` (ms,
 the broker's append time on our topics), ``key``, ``value``."""
 
+T = TypeVar("T")
+
 Handler = Callable[[list[Record]], Awaitable[None]]
 Revoked = Callable[[set[TopicPartition]], Awaitable[None]]
 Assigned = Callable[[AIOKafkaConsumer, set[TopicPartition]], Awaitable[None]]
+
+
+def decode_own(record: Record, value_type: type[T], unreadable: Callable[[], None]) -> T | None:
+    """A record of one of the pipeline's own topics, decoded; or None, counted
+    (``unreadable``) and logged with its coordinates: its stages write these, so only a
+    contract version moved between them makes one unreadable, and it must not pass
+    silently."""
+    try:
+        return decode(record.value, value_type)
+    except DecodeError as exc:
+        unreadable()
+        log.warning("unreadable %s at %s/%d@%d: %s", value_type.__name__,
+                    record.topic, record.partition, record.offset, exc)  # fmt: skip
+        return None
 
 
 def role_group(app_id: str, processor: str) -> str:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tests.integration.worker_proc import WorkerProcess
 pytestmark = pytest.mark.integration
 REGIONS = {"us-east", "eu-west"}
 LIMIT = 4.0
+PERIOD = timedelta(seconds=2)
 
 
 def _pages(workers: list[WorkerProcess]) -> list[dict[str, Any]]:
@@ -52,7 +54,8 @@ def test_control_workers_split_the_regions_and_share_the_limit(
 ) -> None:
     sim, workers = fleet_and_workers(
         kafka_bootstrap, topic_prefix, tmp_path, "control",
-        "--control.period-s", "2", "--control.global-budget-devices", str(LIMIT),
+        "--control.period-s", str(PERIOD.total_seconds()),
+        "--control.global-budget-devices", str(LIMIT),
     )  # fmt: skip
     twins: list[tuple[int, set[str]]] = []
     most = 0.0
@@ -84,6 +87,21 @@ def test_control_workers_split_the_regions_and_share_the_limit(
             time.sleep(0.5)
         raise AssertionError(f"not settled in {timeout_s} s: {pages}")
 
+    def periods_planned(running: list[WorkerProcess], periods: int) -> None:
+        """Wait until the pools' grants have moved ``periods`` control periods on (each
+        pool is granted its share at every period's end it is planned)."""
+
+        def newest() -> datetime | None:
+            held = [c for p in _pages(running) for c in p["budget"]["held"].values()]
+            return max((datetime.fromisoformat(c["at"]) for c in held), default=None)
+
+        deadline = time.monotonic() + 60
+        start = newest()
+        while (now := newest()) is None or start is None or now - start < periods * PERIOD:
+            start = start or now
+            assert time.monotonic() < deadline, f"{periods} periods not planned in 60 s"
+            time.sleep(0.5)
+
     try:
         workers[0].start()
         workers[1].start()
@@ -102,7 +120,7 @@ def test_control_workers_split_the_regions_and_share_the_limit(
             assert time.monotonic() - started < 120, "the third worker never joined"
             time.sleep(1.0)
         joined = time.monotonic() - started
-        time.sleep(6.0)  # three periods planned as three
+        periods_planned(workers, 3)  # three periods planned by three workers
         after = settle(workers, timeout_s=60)
         decisions = [
             decode(r.value, Decision)

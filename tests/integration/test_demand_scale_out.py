@@ -90,7 +90,10 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
         "--demand.memory-every-s", "2",
     )  # fmt: skip
     twins: list[tuple[str, set[Key]]] = []  # any page read where two workers planned a key
-    owners: dict[Key, tuple[int, int]] = {}  # key -> (worker, steps learned), last read
+    owners: dict[Key, tuple[int, int, int]] = {}  # key -> (worker, learned, closed), last read
+    # a key that moved: (worker, learned, closed step) before; judged once its new owner
+    # has closed that step too (after a kill it replays from its memory up to there first)
+    moving: dict[Key, tuple[int, int, int]] = {}
     moves: list[tuple[Key, int, int]] = []  # (key, learned before the move, after)
 
     def settle(running: list[WorkerProcess], timeout_s: float) -> tuple[float, dict[Key, Any]]:
@@ -104,8 +107,13 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
                 for key, planned in page.items():
                     before = owners.get(key)
                     if before is not None and before[0] != i:
-                        moves.append((key, before[1], planned["learned"]))
-                    owners[key] = (i, planned["learned"])
+                        moving[key] = before
+                    now = (i, planned["learned"], planned["closed_step"])
+                    owners[key] = now
+                    was = moving.get(key)
+                    if was is not None and now[0] != was[0] and now[2] >= was[2]:
+                        moves.append((key, was[1], now[1]))
+                        del moving[key]
             for i, mine in enumerate(pages):
                 for theirs in pages[i + 1 :]:
                     if set(mine) & set(theirs):
@@ -157,11 +165,15 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
             assert time.monotonic() < deadline, "the third worker never planned a key"
             time.sleep(1.0)
         checked += counted_every_replica(owner)
-        handed = len(moves)
+        handed = len(moves) + len(moving)
         # the newcomer is killed: its keys are replayed from their last memory elsewhere
         workers[2].kill()
         killed, owner = settle(workers[:2], timeout_s=120)
         checked += counted_every_replica(owner)
+        deadline = time.monotonic() + 60
+        while moving and time.monotonic() < deadline:  # the new owners catch up
+            settle(workers[:2], timeout_s=60)
+            time.sleep(0.5)
         print(
             f"2 workers: every key planned once after {first:.1f} s, split {split}; a third "
             f"joined: settled again after {joined:.1f} s; killed: settled after {killed:.1f} "
@@ -169,7 +181,8 @@ def test_demand_workers_split_the_models_and_count_every_replica_across_partitio
             f"counted exactly; moves (key, steps learned before, after): {moves}"
         )
         assert twins == [], f"keys planned by two workers at once: {twins[:3]}"
-        assert handed > 0 and len(moves) > handed, moves
+        assert handed > 0 and len(moves) > handed, (moves, moving)
+        assert not moving, f"moved keys whose new owner never caught up: {moving}"
         assert [m for m in moves if m[2] < m[1]] == [], "a key forgot what it had learned"
     finally:
         sim.stop()
