@@ -63,6 +63,7 @@ from schemas.events import Demand
 from schemas.verdicts import Decision, DecisionOutcome, Forecast
 
 MAX_GAP_STEPS = 1440  # a day of one-minute steps: longer silences restart from where they end
+LOCAL = "local"  # the source of serving samples fed in one process (DemandPlanner.serving)
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,18 @@ class DemandTuning:
     load_s_by_accelerator: Mapping[str, float] = field(default_factory=dict)
     pool_suffix: str = "h100"  # default pool of a region for a model served nowhere there
     memory_every_s: float = 60.0  # how often each key's planner state is kept (state.demand.v1)
+    # how long past a step's end its close waits for a serving source that served the key
+    # in it or the step before and has not yet reported a later step: the lag at which a
+    # serving partition is taken as gone rather than behind (a warm waits at most this)
+    close_wait_s: float = 10.0
     warming: WarmingConfig = field(default_factory=WarmingConfig)
 
     def __post_init__(self) -> None:
         bad = {a: s for a, s in self.load_s_by_accelerator.items() if not s > 0}
         if bad or not self.load_s > 0:
             raise ValueError(f"load times are positive seconds: {bad or self.load_s!r}")
+        if not 0 <= self.close_wait_s < math.inf:
+            raise ValueError(f"close_wait_s is finite seconds >= 0: {self.close_wait_s!r}")
 
     def load_s_for(self, pool: str) -> float:
         """How long a replica takes to load in ``pool`` (``us-east-h100`` -> ``h100``'s)."""
@@ -98,8 +105,10 @@ class DemandWiring(DemandTuning, IssuerWiring):
 class _Key:
     forecaster: DemandForecaster
     policy: WarmingPolicy
-    step: int = -1
-    requests: float = 0.0
+    step: int = -1  # the oldest step not closed yet
+    requests: float = 0.0  # its demand
+    ahead: dict[int, float] = field(default_factory=dict)  # later steps' demand, while it waits
+    latest_s: float = -math.inf  # event time of the newest demand heard
     # step -> (source, pool) -> (replicas that served, requests served): the largest heard
     served: dict[int, dict[tuple[str, str], tuple[int, int]]] = field(default_factory=dict)
     capacity_rps: float = 0.0  # highest rate per replica seen so far: what one can carry
@@ -245,6 +254,7 @@ class DemandPlanner:
         self.keys: dict[tuple[str, str], _Key] = {}
         # serving samples fed here, in one process: every change reported as it comes
         self.local = ServingSteps(wiring.step_s, report_every_s=0.0)
+        self.closed_short = 0  # steps closed at close_wait_s without a source that served
 
     def _steps(self, seconds: float) -> int:
         return max(1, math.ceil(seconds / self.wiring.step_s))
@@ -265,7 +275,7 @@ class DemandPlanner:
     def serving(self, metrics: AnyServingSample) -> None:
         """One replica's serving report, in one process: through :class:`ServingSteps` into
         :meth:`serving_step`, as the worker's two stages do."""
-        self.local.add(metrics, "local")
+        self.local.add(metrics, LOCAL)
         for record in self.local.flush():
             self.serving_step(record)
 
@@ -277,13 +287,16 @@ class DemandPlanner:
     def remember(self, model: str, region: str) -> dict[str, Any]:
         """What the planner holds of ``(model, region)`` as JSON-able values: its forecaster's
         memory, the warming policy's, the step open and what it has counted of it, the
-        serving counts held, the capacity learned and the replicas still loading."""
+        demand of later steps while it waits, the serving counts held, the capacity learned
+        and the replicas still loading."""
         k = self.keys[(model, region)]
         return {
             "forecaster": k.forecaster.remember(),
             "policy": {"surplus_since": k.policy.surplus_since,
                        "spent_replica_steps": k.policy.spent_replica_steps},
             "step": k.step, "requests": k.requests, "capacity_rps": k.capacity_rps,
+            "ahead": [[step, requests] for step, requests in k.ahead.items()],
+            "latest_s": k.latest_s if math.isfinite(k.latest_s) else None,
             "served": [[step, source, pool, replicas, requests]
                        for step, parts in k.served.items()
                        for (source, pool), (replicas, requests) in parts.items()],
@@ -305,6 +318,9 @@ class DemandPlanner:
             fresh.policy.spent_replica_steps = float(policy["spent_replica_steps"])
             fresh.step, fresh.requests = int(memory["step"]), float(memory["requests"])
             fresh.capacity_rps = float(memory["capacity_rps"])
+            fresh.ahead = {int(step): float(n) for step, n in memory.get("ahead", [])}
+            latest = memory.get("latest_s")
+            fresh.latest_s = -math.inf if latest is None else float(latest)
             for step, source, pool, replicas, requests in memory["served"]:
                 parts = fresh.served.setdefault(int(step), {})
                 parts[(str(source), str(pool))] = (int(replicas), int(requests))
@@ -330,33 +346,64 @@ class DemandPlanner:
         slot = (record.source, record.pool)
         replicas, requests = parts.get(slot, (0, 0))
         parts[slot] = (max(replicas, record.replicas), max(requests, record.requests))
-        if len(k.served) > 3:  # a model served with no demand closes no step: keep three
+        # a model served with no demand closes no step: keep the steps a close may still
+        # read (the one closing, the one before, and those heard while it waits)
+        span = 3 + math.ceil(self.wiring.close_wait_s / self.wiring.step_s)
+        if len(k.served) > span:
             newest = max(k.served)
-            k.served = {s: p for s, p in k.served.items() if s >= newest - 2}
+            k.served = {s: p for s, p in k.served.items() if s > newest - span}
         return True
 
     def demand(
         self, demand: Demand, *, now: datetime | None = None
     ) -> tuple[list[Forecast], list[WarmStep]]:
-        """One demand event; returns what closing a step produced (if one closed). ``now``
-        (event time) judges how stale the step is; the step's end when not given."""
+        """One demand event; returns what closing steps produced (if any closed). ``now``
+        (event time) judges how stale a step is; its end when not given.
+
+        A step closes once demand of a later step has come and every serving source that
+        served the key in it or the step before has reported a later step (so its count
+        of this one is whole), or once the demand's event time is ``close_wait_s`` past
+        the step's end without them (a partition that far behind is taken as gone). In
+        one process (:meth:`serving`) samples come in order with the demand: nothing is
+        waited for. Demand of a step already closed is not counted."""
         k = self._key(demand.model, demand.region)
-        step = int(demand.observed_at.timestamp() // self.wiring.step_s)
+        at_s = demand.observed_at.timestamp()
+        step = int(at_s // self.wiring.step_s)
+        if k.step < 0:
+            k.step = step
+        if step == k.step:
+            k.requests += demand.requests
+        elif step > k.step:
+            k.ahead[step] = k.ahead.get(step, 0.0) + demand.requests
+        k.latest_s = max(k.latest_s, at_s)
         forecasts: list[Forecast] = []
         steps: list[WarmStep] = []
-        if k.step >= 0 and step > k.step:
-            forecasts, steps = self._close(demand.model, demand.region, k, now)
-            # steps without a single demand event had none: the series learns their zeros
-            for gap in range(k.step + 1, min(step, k.step + 1 + MAX_GAP_STEPS)):
-                k.step, k.requests = gap, 0.0
-                more, more_steps = self._close(demand.model, demand.region, k, now)
-                forecasts += more
-                steps += more_steps
-        if step >= k.step:
-            if step > k.step:
-                k.step, k.requests = step, 0.0
-            k.requests += demand.requests
+        gaps = 0  # steps without a single demand event had none: the series learns zeros
+        while k.ahead and self._may_close(k):
+            more, more_steps = self._close(demand.model, demand.region, k, now)
+            forecasts += more
+            steps += more_steps
+            following = k.step + 1
+            gaps = 0 if following in k.ahead else gaps + 1
+            if gaps > MAX_GAP_STEPS:  # a longer silence restarts from where it ends
+                following, gaps = min(k.ahead), 0
+            k.step, k.requests = following, k.ahead.pop(following, 0.0)
         return forecasts, steps
+
+    def behind(self, model: str, region: str) -> set[str]:
+        """The serving sources the open step of ``(model, region)`` waits for: those that
+        served it in that step or the one before and have not reported a later step."""
+        return _behind(self.keys[(model, region)])
+
+    def _may_close(self, key: _Key) -> bool:
+        end_s = (key.step + 1) * self.wiring.step_s
+        if key.latest_s < end_s:
+            return False
+        missing = _behind(key)
+        if missing and key.latest_s >= end_s + self.wiring.close_wait_s:
+            self.closed_short += 1  # closed without them: their part is not counted
+            return True
+        return not missing
 
     def _close(
         self, model: str, region: str, key: _Key, now: datetime | None
@@ -412,6 +459,17 @@ class DemandPlanner:
             ready_by = end + timedelta(seconds=load_s * 2)
             key.loading += [(busiest, ready_by)] * d.replicas
         return forecasts, [WarmStep(model, region, busiest, end, d, guard)]
+
+
+def _behind(key: _Key) -> set[str]:
+    expected = {
+        source
+        for step in (key.step - 1, key.step)
+        for (source, _), (replicas, _) in key.served.get(step, {}).items()
+        if replicas and source != LOCAL
+    }
+    later = {source for step, parts in key.served.items() if step > key.step for source, _ in parts}
+    return expected - later
 
 
 def served_in(parts: Mapping[tuple[str, str], tuple[int, int]]) -> tuple[Tally[str], int]:

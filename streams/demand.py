@@ -97,6 +97,12 @@ def add_demand(
         "(model, region) keys whose planning was taken up from state.demand.v1",
         registry=registry,
     )
+    short = Counter(
+        "fleetloop_demand_steps_closed_short_total",
+        "Demand steps closed after --demand.close-wait-s without the count of a serving "
+        "partition that served the key in them or the step before (behind or gone)",
+        registry=registry,
+    )
     unread = Counter(
         "fleetloop_demand_serving_steps_unreadable_total",
         "ServingStep records demand.plan could not use (undecodable, or of another step length)",
@@ -153,6 +159,7 @@ def add_demand(
     skip: dict[int, int] = {}  # demand partition -> its records before this are remembered
     quiet: dict[int, int] = {}  # demand partition -> records before this were acted on
     dirty: set[Key] = set()  # keys whose planning moved since their memory was written
+    counted_short = [0]
 
     async def plan(records: list[Any]) -> None:
         # a batch's serving steps first: a demand event that closes a step sees them
@@ -183,6 +190,8 @@ def add_demand(
             clock.observe(demand.observed_at, time.monotonic())
             started = time.perf_counter()
             made, warm_steps = planner.demand(demand, now=clock.now(time.monotonic()))
+            short.inc(planner.closed_short - counted_short[0])
+            counted_short[0] = planner.closed_short
             if made:
                 timer.observe(time.perf_counter() - started)
             if r.offset < quiet.get(r.partition, -1):
@@ -286,7 +295,8 @@ def add_demand(
         """The (model, region) keys this worker plans, with their demand partition, the step
         open, the last step closed and the replicas each pool served in it (what the warming
         policy was told), and, per step held, the replicas each pool served so far, summed
-        over the serving partitions heard from (and how many those were)."""
+        over the serving partitions heard from (and how many those were); while a later
+        step's demand has come, the serving partitions the open step waits for."""
         refused = refusal(access, request.headers, guarded=False)
         if refused is not None:
             return web.json({"error": refused[1]}, status=refused[0])
@@ -303,6 +313,7 @@ def add_demand(
                 "model": model, "region": region, "partition": partition_of.get((model, region)),
                 "step": key.step, "served": held, "closed_step": closed, "ready": ready,
                 "learned": key.forecaster.n,
+                "waiting_for": sorted(planner.behind(model, region)) if key.ahead else [],
             })  # fmt: skip
         return web.json({"keys": out, "step_s": wiring.step_s})
 

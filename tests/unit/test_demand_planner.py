@@ -158,15 +158,17 @@ def _asked(close: tuple[Any, ...]) -> int:
     return sum(replicas for _, replicas, _ in close[1])
 
 
-def _split_run(*, late: bool) -> tuple[DemandPlanner, DemandPlanner, Outcome, Outcome]:
+def _split_run(
+    *, late: bool, close_wait_s: float = DemandWiring.close_wait_s
+) -> tuple[DemandPlanner, DemandPlanner, Outcome, Outcome]:
     """One model's replicas over three sources (partitions of node-keyed serving telemetry),
     each counting its own into ServingStep records as the worker does; the planner that
     owns the model (``split``) hears them interleaved, with copies (some late, after newer
     ones), and a source restarted mid-step re-reads and re-sends its last seconds; with
     ``late``, each second's counts after that second's demand (the worker's two stages
-    run apart, so a close can come before its step's last count). Beside it, a planner
-    fed every sample in one process (``whole``); the fleet follows its warms."""
-    wiring = DemandWiring(step_s=60.0, replica_rps=10.0)
+    run apart, so a step's next demand can come before its last count). Beside it, a
+    planner fed every sample in one process (``whole``); the fleet follows its warms."""
+    wiring = DemandWiring(step_s=60.0, replica_rps=10.0, close_wait_s=close_wait_s)
     whole, split = DemandPlanner(wiring), DemandPlanner(wiring)
     sources = {s: ServingSteps(60.0) for s in ("p0", "p1", "p2")}  # as the worker runs them
     history: dict[str, list[ServingMetrics]] = {s: [] for s in sources}
@@ -220,13 +222,25 @@ def test_serving_steps_from_split_partitions_plan_as_one_process_does() -> None:
     assert key.capacity_rps == whole.keys[("qwen-7b", "us-east")].capacity_rps > 0
 
 
-def test_counts_that_come_after_the_close_err_towards_warming_for_one_step_only() -> None:
-    """The same, each second's counts heard after its demand: at a close, the step's
-    requests are at most a report interval short, so its capacity reads low (never high)
-    and a warm may ask for more; a step later the step is whole, and from the second
-    close on every decision is the one-process planner's."""
-    _, _, one, many = _split_run(late=True)
+def test_a_close_waits_for_every_source_that_served_so_counts_that_come_late_count() -> None:
+    """Each second's counts come after that second's demand: a step's close waits until
+    every source that served the key has reported a later step, so every close is the
+    one-process planner's (a second later in processing, the same in event time)."""
+    _, split, one, many = _split_run(late=True)
     assert len(one) == len(many) == 9
+    assert many == one
+    assert split.closed_short == 0
+
+
+def test_without_the_wait_a_close_reads_counts_short_and_errs_towards_warming() -> None:
+    """The same run closing at the first later demand (``close_wait_s`` 0): the step
+    closing is read as far as its counts have come, at most a report interval short, so
+    its capacity reads low (never high) and a warm may ask for more; a step later the
+    step is whole, and from the second close on every decision is the one-process
+    planner's."""
+    _, _, one, many = _split_run(late=True, close_wait_s=0.0)
+    assert len(one) == len(many) == 9
+    assert many != one
     for alone, apart in zip(one, many, strict=True):
         assert apart[0] == alone[0]  # forecasts: the demand's alone
         # capacity: low, never high, and by at most a report interval's requests (a
@@ -236,13 +250,45 @@ def test_counts_that_come_after_the_close_err_towards_warming_for_one_step_only(
     assert many[1:] == one[1:]
 
 
-def test_a_model_served_with_no_demand_keeps_three_steps_of_counts_not_all() -> None:
-    """No demand event closes its steps, so nothing else would drop what was served."""
-    planner = DemandPlanner(DemandWiring(step_s=60.0))
+def test_a_source_that_falls_silent_holds_a_close_back_only_close_wait_s() -> None:
+    """Of two sources serving a model, one stops reporting mid-step (its partition's
+    worker is gone or far behind): the step waits for it until the demand is
+    ``close_wait_s`` past the step's end, then closes on what the other counted, and says
+    so; the next step too (it may only be that far behind); the one after, which the
+    silent one served neither in nor just before, closes at once."""
+    wiring = DemandWiring(step_s=60.0, close_wait_s=10.0)
+    planner = DemandPlanner(wiring)
+    sources = {s: ServingSteps(60.0) for s in ("p0", "p1")}
+    closes: list[tuple[int, int, dict[str, int]]] = []  # (second, step closed, replicas)
+    for t in range(0, 250):
+        for j, sample in enumerate(_fleet_second(t, 4)):
+            source = f"p{j % 2}"
+            if source == "p1" and t >= 90:
+                continue  # p1 falls silent in the second step
+            sources[source].add(sample, source)
+        for steps in sources.values():
+            for record in steps.flush():
+                planner.serving_step(record)
+        forecasts, _ = planner.demand(_demand("qwen-7b", t, 40))
+        if forecasts:
+            key = planner.keys[("qwen-7b", "us-east")]
+            closes.append((t, key.closed[0] - int(START.timestamp()) // 60, key.closed[1]))
+        if t == 125:
+            assert planner.behind("qwen-7b", "us-east") == {"p1"}
+    assert [(t, step) for t, step, _ in closes] == [(60, 0), (130, 1), (190, 2), (240, 3)]
+    assert [sum(pools.values()) for _, _, pools in closes] == [4, 4, 2, 2]
+    assert planner.closed_short == 2
+
+
+def test_a_model_served_with_no_demand_keeps_the_steps_a_close_may_read_not_all() -> None:
+    """No demand event closes its steps, so nothing else would drop what was served: kept,
+    the three steps a close reads and those heard while one waits (10 s: one more)."""
+    planner = DemandPlanner(DemandWiring(step_s=60.0, close_wait_s=10.0))
     for second in range(0, 3600, 10):
         planner.serving(_serving("phi-3", second, "a", 5))
     newest = int((START + timedelta(seconds=3590)).timestamp() // 60)
-    assert sorted(planner.keys[("phi-3", "us-east")].served) == [newest - 2, newest - 1, newest]
+    held = sorted(planner.keys[("phi-3", "us-east")].served)
+    assert held == [newest - 3, newest - 2, newest - 1, newest]
 
 
 def test_a_key_handed_to_another_planner_is_planned_as_if_it_had_never_moved() -> None:
