@@ -57,6 +57,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 from statistics import median
+from typing import Any
 
 
 class BatchReason(StrEnum):
@@ -133,6 +134,41 @@ class TpotGuard:
         self.jitter: deque[float] = deque(maxlen=config.speed_history)  # |log| period steps
         # the last step's token-speed move (new unit TPOT over the old), if it saw one
         self.speed_moved: float | None = None
+
+    def remember(self) -> dict[str, Any]:
+        """Its state as JSON-able values: the batch cap in force and what the guard knows
+        of it (the cap a slowdown cut and the speed it was cut at, the trend, the token
+        speed's jitter), so another process's guard goes on from exactly here."""
+        return {
+            "target": self.target, "low_streak": self.low_streak, "since_cut": self.since_cut,
+            "recent": list(self.recent), "ceiling": self.ceiling,
+            "speed_unit_s": self.speed_unit_s, "restore": self.restore,
+            "last_unit_s": self.last_unit_s, "jitter": list(self.jitter),
+        }  # fmt: skip
+
+    def recall(self, memory: dict[str, Any]) -> None:
+        """Go on from what :meth:`remember` wrote. Raises ``ValueError`` on another shape
+        (the guard is then left as it was)."""
+        try:
+            target, ceiling = int(memory["target"]), int(memory["ceiling"])
+            streak, since = int(memory["low_streak"]), int(memory["since_cut"])
+            recent = [float(x) for x in memory["recent"]]
+            jitter = [float(x) for x in memory["jitter"]]
+            speed, last = memory["speed_unit_s"], memory["last_unit_s"]
+            restore = memory["restore"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a TPOT guard's memory: {exc!r}") from exc
+        c = self.config
+        if not c.min_batch <= target <= c.max_batch or not c.min_batch <= ceiling <= c.max_batch:
+            raise ValueError(f"a batch cap outside [{c.min_batch}, {c.max_batch}]: {memory}")
+        self.target, self.ceiling, self.low_streak, self.since_cut = target, ceiling, streak, since
+        self.recent.clear()
+        self.recent.extend(recent)
+        self.jitter.clear()
+        self.jitter.extend(jitter)
+        self.speed_unit_s = None if speed is None else float(speed)
+        self.last_unit_s = None if last is None else float(last)
+        self.restore = None if restore is None else int(restore)
 
     def step(
         self,

@@ -183,11 +183,15 @@ class ControlPlanner(ThrottleIssuer):
 
     def held(self) -> dict[str, Any]:
         """What this planner's levers hold now (caps, low clocks, batch moves, routing
-        weights under 1), as JSON-able values: what a planner taking its racks and pools
-        over must :meth:`adopt` to give them back when it is time."""
+        weights under 1, each pool's batch cap with its TPOT guard's memory), as JSON-able
+        values: what a planner taking its racks and pools over must :meth:`adopt` to give
+        them back when it is time."""
         weights = [[pool, u, w] for (pool, u), w in sorted(self.routing.weights.items())
                    if w < 1.0]  # fmt: skip
-        return {"power": self.power.held(), "weights": weights}
+        # each pool's batch cap, with what its guard knows of it (a cap a slowdown cut
+        # comes back when the speed does)
+        guards = {name: pool.guard.remember() for name, pool in sorted(self.pools.items())}
+        return {"power": self.power.held(), "weights": weights, "batch_guards": guards}
 
     def adopt(self, held: dict[str, Any]) -> None:
         """Take over what another planner's levers held (:meth:`held`). Raises
@@ -196,6 +200,8 @@ class ControlPlanner(ThrottleIssuer):
             self.power.adopt(held["power"])
             for pool, u, weight in held["weights"]:
                 self.routing.weights[(str(pool), str(u))] = float(weight)
+            for name, guard in held.get("batch_guards", {}).items():
+                self._pool(str(name)).guard.recall(guard)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a control planner's levers: {exc!r}") from exc
 
@@ -238,15 +244,19 @@ class ControlPlanner(ThrottleIssuer):
     def serving(self, metrics: ServingMetrics | ServingSample) -> list[ControlOutput]:
         return self._serve(metrics, self._period(metrics.observed_at))
 
-    def _serve(self, metrics: ReplicaReading, period: int) -> list[ControlOutput]:
-        """One replica's report of control period ``period`` (of its event time)."""
-        pool = self.pools.get(metrics.pool)
+    def _pool(self, name: str) -> _Pool:
+        pool = self.pools.get(name)
         if pool is None:
             # the guard predicts TPOT at a higher cap with the planner's own model of it
             guard = replace(self.wiring.tpot_guard, doubling_batch=self.wiring.tpot_doubling_batch)
-            pool = self.pools[metrics.pool] = _Pool(
+            pool = self.pools[name] = _Pool(
                 CapacityController(self.wiring.capacity), TpotGuard(guard)
             )
+        return pool
+
+    def _serve(self, metrics: ReplicaReading, period: int) -> list[ControlOutput]:
+        """One replica's report of control period ``period`` (of its event time)."""
+        pool = self._pool(metrics.pool)
         out = []
         if period > pool.period >= 0:
             out = self._close_pool(metrics.pool, pool)
@@ -454,7 +464,8 @@ class RegionalControl:
     control worker runs for the regions it owns. A region's planner is made with its first
     event and dropped when the region moves to another process (:meth:`release`), taking
     its pools' controllers with it: the next owner starts them afresh (no optional work
-    until its PID grants some: the safe side)."""
+    until its PID grants some: the safe side), but for what :meth:`ControlPlanner.held`
+    hands on."""
 
     def __init__(
         self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4

@@ -4,6 +4,7 @@ signed throttle commands -> executors on the simulated fleet -> the fleet change
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -448,6 +449,34 @@ def test_the_batch_cap_follows_a_slowdown_at_the_close_it_shows_and_not_a_spike(
     ]
 
 
+@pytest.mark.parametrize("adopted", [True, False])
+def test_a_batch_cap_a_slowdown_cut_comes_back_under_the_region_s_next_owner(
+    adopted: bool,
+) -> None:
+    """The slowdown above, the region moving to another planner at 95 s, with the cap cut to
+    161: the next owner adopts the last one's levers (through JSON, as the state topic
+    carries them) and gives the cap back at the same close one planner would, 110 s.
+    Without the guard's memory it takes 256 for the cap in force and never sends it back:
+    the pool would serve at 161 for good."""
+    wiring = ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06)
+    planner = ControlPlanner(wiring)
+    cuts = []
+    for k in range(120):
+        if k == 95:
+            handed = json.loads(json.dumps(planner.held()))
+            planner = ControlPlanner(wiring)
+            if adopted:
+                planner.adopt(handed)
+        unit_s = 0.0252 if 78 <= k < 108 else 0.018
+        m = _report(k, tpot_s=unit_s * 1.5, queue=0, batch=64, optional=0)
+        cuts += [o.decision for o in planner.serving(m) if o.decision.controller == "tpot_guard"]
+    restored = [("token_speed", 256.0, timedelta(seconds=110))] if adopted else []
+    assert [(d.reason, d.applied, d.decided_at - START) for d in cuts] == [
+        ("token_speed", 161.0, timedelta(seconds=80)),
+        *restored,
+    ]
+
+
 def test_a_slowdown_the_guard_sees_cuts_the_budget_at_the_same_close() -> None:
     # a replica at batch 64 with half its requests optional, 2.2x slower from the period's
     # last two seconds: the room at the speed now (128 * (0.9 * 60 / 39.6 - 1) = 47 of the
@@ -502,3 +531,15 @@ def test_node_tick_envelopes_make_the_decisions_their_flat_samples_make() -> Non
         made += step
     controllers = Counter(o.decision.controller for o in made if o.command is not None)
     assert {"power", "capacity"} <= set(controllers), controllers  # caps and budgets both
+
+
+def test_a_tpot_guard_memory_of_another_shape_or_an_impossible_cap_is_refused() -> None:
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+    for k in range(30):
+        planner.serving(_report(k, tpot_s=0.027, queue=0, batch=64, optional=0))
+    held = json.loads(json.dumps(planner.held()))
+    guard = held["batch_guards"]["us-east-h100"]
+    for bad in ({**guard, "target": 100_000}, {**guard, "recent": "x"}, {"target": 64}):
+        other = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+        with pytest.raises(ValueError):
+            other.adopt({**held, "batch_guards": {"us-east-h100": bad}})
