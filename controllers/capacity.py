@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from statistics import median
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from controllers.pid import PidConfig, PidReason, PidState, pid_step
 from controllers.stages import Clamp, RateLimit, Stabiliser, Stages, Tolerance
@@ -130,13 +130,14 @@ class CapacityController:
         )  # fmt: skip
         self.state = PidState()
         self.stabiliser = Stabiliser(c.stabilise_up_s, cautious="up")
+        self.rate = RateLimit(c.up_per_s, c.down_per_s)
         # the tolerance after the stabiliser: a rise the window lets through by a sliver a
         # period is an action a period for nothing; it waits until it is worth one
         self.stages = Stages(
             [
                 self.stabiliser,
                 Tolerance(c.tolerance_ratio, floor=c.tolerance_floor, up_only=True),
-                RateLimit(c.up_per_s, c.down_per_s),
+                self.rate,
                 Clamp(0.0, c.budget_max_ratio),
             ]
         )
@@ -146,6 +147,50 @@ class CapacityController:
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
+
+    def remember(self) -> dict[str, Any]:
+        """Its state as JSON-able values (the budget in force, the PID's, the windows and
+        the stages'), so another process's controller goes on from exactly here."""
+        s = self.state
+        return {
+            "budget": self.budget,
+            "pid": [s.integral, s.last_measurement, _at(s.last_at), s.derivative, s.output],
+            "recent": [list(r) for r in self.recent],
+            "baselines": [[_at(t), b] for t, b in self.baselines],
+            "levels": [[_at(t), b] for t, b in self.levels],
+            "stabiliser": [[_at(t), v] for t, v in self.stabiliser.recent],
+            "rate_at": _at(self.rate.last_at),
+            "fresh_at": _at(self.fresh_at),
+            "stale_from": None if self.stale_from is None
+            else [_at(self.stale_from[0]), self.stale_from[1]],
+        }  # fmt: skip
+
+    def recall(self, memory: dict[str, Any]) -> None:
+        """Go on from what :meth:`remember` wrote. Raises ``ValueError`` on another shape or
+        a budget out of range (the controller is then left as it was)."""
+        try:
+            budget = float(memory["budget"])
+            integral, last, last_at, derivative, output = memory["pid"]
+            state = PidState(
+                float(integral), _float(last), _when(last_at), float(derivative), _float(output)
+            )
+            recent = [(float(lat), float(load)) for lat, load in memory["recent"]]
+            baselines = [(_instant(t), float(b)) for t, b in memory["baselines"]]
+            levels = [(_instant(t), float(b)) for t, b in memory["levels"]]
+            window = [(_instant(t), float(v)) for t, v in memory["stabiliser"]]
+            rate_at, fresh_at = _when(memory["rate_at"]), _when(memory["fresh_at"])
+            stale = memory["stale_from"]
+            stale_from = None if stale is None else (_instant(stale[0]), float(stale[1]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a capacity controller's memory: {exc!r}") from exc
+        if not 0.0 <= budget <= self.config.budget_max_ratio:
+            raise ValueError(f"a budget outside [0, {self.config.budget_max_ratio}]: {budget}")
+        self.budget, self.state = budget, state
+        self.recent.clear()
+        self.recent.extend(recent)
+        self.baselines, self.levels = deque(baselines), deque(levels)
+        self.stabiliser.recent = deque(window)
+        self.rate.last_at, self.fresh_at, self.stale_from = rate_at, fresh_at, stale_from
 
     def step(
         self,
@@ -330,6 +375,25 @@ class CapacityController:
             f"no latency for {(now - (self.fresh_at or since)).total_seconds():g} s: "
             f"budget {self.budget:.3f}",
         )  # fmt: skip
+
+
+def _at(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
+
+
+def _instant(text: str) -> datetime:
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        raise ValueError(f"an instant without its zone: {text!r}")
+    return when
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else _instant(text)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,8 @@ class ControlPlanner(ThrottleIssuer):
 
     def held(self) -> dict[str, Any]:
         """What this planner's levers hold now (caps, low clocks, batch moves, routing
-        weights under 1, each pool's batch cap with its TPOT guard's memory), as JSON-able
+        weights under 1, each pool's batch cap and optional-work budget with its TPOT
+        guard's and capacity controller's memory), as JSON-able
         values: what a planner taking its racks and pools over must :meth:`adopt` to give
         them back when it is time."""
         weights = [[pool, u, w] for (pool, u), w in sorted(self.routing.weights.items())
@@ -191,7 +192,12 @@ class ControlPlanner(ThrottleIssuer):
         # each pool's batch cap, with what its guard knows of it (a cap a slowdown cut
         # comes back when the speed does)
         guards = {name: pool.guard.remember() for name, pool in sorted(self.pools.items())}
-        return {"power": self.power.held(), "weights": weights, "batch_guards": guards}
+        # and its optional-work budget with what its controller knows (the PID, its windows)
+        budgets = {name: pool.capacity.remember() for name, pool in sorted(self.pools.items())}
+        return {
+            "power": self.power.held(), "weights": weights, "batch_guards": guards,
+            "budgets": budgets,
+        }  # fmt: skip
 
     def adopt(self, held: dict[str, Any]) -> None:
         """Take over what another planner's levers held (:meth:`held`). Raises
@@ -202,6 +208,8 @@ class ControlPlanner(ThrottleIssuer):
                 self.routing.weights[(str(pool), str(u))] = float(weight)
             for name, guard in held.get("batch_guards", {}).items():
                 self._pool(str(name)).guard.recall(guard)
+            for name, budget in held.get("budgets", {}).items():
+                self._pool(str(name)).capacity.recall(budget)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a control planner's levers: {exc!r}") from exc
 
@@ -463,9 +471,8 @@ class RegionalControl:
     """A :class:`ControlPlanner` per region, sharing the fleet's optional-work limit: what a
     control worker runs for the regions it owns. A region's planner is made with its first
     event and dropped when the region moves to another process (:meth:`release`), taking
-    its pools' controllers with it: the next owner starts them afresh (no optional work
-    until its PID grants some: the safe side), but for what :meth:`ControlPlanner.held`
-    hands on."""
+    its pools' controllers with it: the next owner starts afresh but for what
+    :meth:`ControlPlanner.held` hands on (levers, budgets, batch caps)."""
 
     def __init__(
         self, wiring: ControlWiring, *, new_id: Callable[[], uuid.UUID] = uuid.uuid4

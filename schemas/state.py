@@ -88,9 +88,9 @@ class ControlMemory(Contract):
     """What one region's control planner's levers hold (``state.control.v1``, keyed by
     region, in its partition of the region-keyed telemetry): the devices its caps or low
     clocks hold down with their default watts, its racks' batch moves, its replicas'
-    routing weights under 1, each pool's batch cap with its TPOT guard's memory
-    (:meth:`planning.pools.ControlPlanner.held`). The process that plans the region next
-    adopts it, so what was set is given back in time."""
+    routing weights under 1, each pool's batch cap and optional-work budget with its
+    controllers' memory (:meth:`planning.pools.ControlPlanner.held`). The process that
+    plans the region next adopts it, so what was set is given back in time."""
 
     region: Identifier
     held: dict[str, Any]

@@ -12,11 +12,11 @@ runs in as many processes as there are regions:
 - ``control.plan`` reads those twins co-partitioned (one key, one partition count, Kafka's
   range assignment), so one process plans each region and hears all of it, in one
   :class:`~planning.pools.RegionalControl`. A region that moves away takes its planner
-  with it; the next owner starts its capacity and power controllers afresh (no optional
-  work until its PID grants some) but adopts what the last owner's levers hold (caps, low
-  clocks, batch moves, routing weights, batch caps with their TPOT guards' memory:
+  with it; the next owner starts its power controllers afresh but adopts what the last
+  owner's levers hold (caps, low clocks, batch moves, routing weights, batch caps and
+  optional-work budgets with their controllers' memory:
   :class:`~schemas.state.ControlMemory` on ``state.control.v1``), so it gives them back
-  when it is time.
+  when it is time and goes on with the budgets and caps as they were.
 
 The fleet's optional-work limit (``global_budget_devices``, when finite) spans regions:
 each process sends what its pools hold as :class:`~schemas.derived.BudgetClaim` records
@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from controllers.capacity import Claim
 from planning.pools import RegionalControl
-from planning.registry import POWER, POWER_ROUTING, TPOT_GUARD
+from planning.registry import CAPACITY, POWER, POWER_ROUTING, TPOT_GUARD
 from planning.throttle import ControlWiring
 from schemas.codec import DecodeError, decode, decode_tick, encode
 from schemas.derived import BudgetClaim
@@ -65,10 +65,10 @@ from streams.state_topic import StateTopic, bootstrap_of
 
 log = logging.getLogger(__name__)
 
-LEVERS = {POWER.name, POWER_ROUTING.name, TPOT_GUARD.name}
+LEVERS = {POWER.name, POWER_ROUTING.name, TPOT_GUARD.name, CAPACITY.name}
 """The controllers whose decisions change what a region's levers hold (caps, clocks, batch
-moves, routing weights, batch caps): a batch with one of theirs writes the region's
-record."""
+moves, routing weights, batch caps, optional-work budgets): a batch with one of theirs
+writes the region's record."""
 
 READ = CONTROL_INPUTS
 """What ``control.route`` reads: node ticks (v2), PDU readings, and v1 from older agents."""

@@ -533,13 +533,56 @@ def test_node_tick_envelopes_make_the_decisions_their_flat_samples_make() -> Non
     assert {"power", "capacity"} <= set(controllers), controllers  # caps and budgets both
 
 
-def test_a_tpot_guard_memory_of_another_shape_or_an_impossible_cap_is_refused() -> None:
-    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+def _budgets(moved_at: int | None, *, adopted: bool) -> list[tuple[int, float]]:
+    """400 s of one replica serving half optional work well within its SLO: the optional
+    budgets decided (second, budget), the region moving to another planner at ``moved_at``
+    (mid-period), adopted or not."""
+    wiring = ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06)
+    planner = ControlPlanner(wiring)
+    out = []
+    for k in range(400):
+        if k == moved_at:
+            handed = json.loads(json.dumps(planner.held()))
+            planner = ControlPlanner(wiring)
+            if adopted:
+                planner.adopt(handed)
+        for o in planner.serving(_report(k, tpot_s=0.027, queue=0, batch=64, optional=5)):
+            if o.decision.controller == "capacity" and o.decision.applied is not None:
+                at = int((o.decision.decided_at - START).total_seconds())
+                out.append((at, round(o.decision.applied, 4)))
+    return out
+
+
+def test_a_region_s_next_owner_goes_on_with_its_optional_work_budget() -> None:
+    """Moved mid-period with 0.79 of the pool's capacity in optional work: adopted, the next
+    owner decides every budget one planner decides; without the controller's memory it
+    starts from nothing and gives most of it back for two and a half minutes."""
+    alone = _budgets(None, adopted=False)
+    assert alone[-1][1] > 0.8
+    assert _budgets(205, adopted=True) == alone
+    after = [budget for at, budget in _budgets(205, adopted=False) if 205 < at <= 360]
+    assert after[0] <= 0.05 and max(after) < 0.79
+
+
+@pytest.mark.parametrize(
+    ("section", "bad"),
+    [
+        ("budgets", {"budget": 3.0}),
+        ("budgets", {"baselines": [["yesterday", 0.1]]}),
+        ("budgets", {"fresh_at": "2026-12-01T00:00:00"}),  # no zone
+        ("batch_guards", {"target": 100_000}),
+        ("batch_guards", {"recent": "x"}),
+    ],
+)
+def test_a_controller_memory_of_another_shape_or_out_of_range_is_refused(
+    section: str, bad: dict[str, object]
+) -> None:
+    wiring = ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06)
+    planner = ControlPlanner(wiring)
     for k in range(30):
-        planner.serving(_report(k, tpot_s=0.027, queue=0, batch=64, optional=0))
+        planner.serving(_report(k, tpot_s=0.027, queue=0, batch=64, optional=5))
     held = json.loads(json.dumps(planner.held()))
-    guard = held["batch_guards"]["us-east-h100"]
-    for bad in ({**guard, "target": 100_000}, {**guard, "recent": "x"}, {"target": 64}):
-        other = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+    memory = held[section]["us-east-h100"]
+    for wrong in ({**memory, **bad}, bad):  # a field wrong; most fields missing
         with pytest.raises(ValueError):
-            other.adopt({**held, "batch_guards": {"us-east-h100": bad}})
+            ControlPlanner(wiring).adopt({**held, section: {"us-east-h100": wrong}})
