@@ -281,6 +281,15 @@ class Guardrail:
             True, GuardReason.ALLOWED, f"{scope}: {len(recent) + 1} cools in window"
         )
 
+    def cools(self, scope: str) -> list[datetime]:
+        """When ``scope``'s cools within the rate window were allowed (as far as this
+        guardrail knows): what a process that takes the scope over must :meth:`add_cools`."""
+        return list(self._scaling.get(scope, []))
+
+    def add_cools(self, scope: str, at: list[datetime]) -> None:
+        """Count cools of ``scope`` another process allowed (at the instants ``at``)."""
+        self._scaling[scope] = sorted({*self._scaling.get(scope, []), *at})
+
     def reset(self) -> None:
         """A person lifts the lockout."""
         self.state.locked_out = False

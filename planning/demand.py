@@ -114,6 +114,7 @@ class _Key:
     capacity_rps: float = 0.0  # highest rate per replica seen so far: what one can carry
     closed: tuple[int, dict[str, int]] = (-1, {})  # the last step closed, its replicas by pool
     loading: list[tuple[str, datetime]] = field(default_factory=list)  # (pool, ready by)
+    scopes: set[str] = field(default_factory=set)  # the guardrail scopes it was scaled in
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +303,8 @@ class DemandPlanner:
                        for (source, pool), (replicas, requests) in parts.items()],
             "closed": [k.closed[0], k.closed[1]],
             "loading": [[pool, ready.isoformat()] for pool, ready in k.loading],
+            "cools": {scope: [at.isoformat() for at in self.guard.cools(scope)]
+                      for scope in sorted(k.scopes)},
         }  # fmt: skip
 
     def recall(self, model: str, region: str, memory: dict[str, Any]) -> None:
@@ -327,8 +330,17 @@ class DemandPlanner:
             closed, by_pool = memory["closed"]
             fresh.closed = (int(closed), {str(p): int(n) for p, n in by_pool.items()})
             fresh.loading = [(str(p), datetime.fromisoformat(at)) for p, at in memory["loading"]]
+            cools = {
+                str(scope): [datetime.fromisoformat(at) for at in times]
+                for scope, times in memory.get("cools", {}).items()
+            }
+            if any(at.tzinfo is None for times in cools.values() for at in times):
+                raise TypeError("a cool's instant without its zone")
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a demand key's memory: {exc!r}") from exc
+        for scope, times in cools.items():  # the cools its last planner's guardrail allowed
+            fresh.scopes.add(scope)
+            self.guard.add_cools(scope, times)
         self.keys[(model, region)] = fresh
 
     def serving_step(self, record: ServingStep) -> bool:
@@ -452,8 +464,10 @@ class DemandPlanner:
         )  # fmt: skip
         if d.replicas == 0:
             return forecasts, []
+        scope = f"{model}@{busiest}"
+        key.scopes.add(scope)
         guard = self.guard.check_scaling(
-            f"{model}@{busiest}", remove=d.replicas < 0, now=now or end, telemetry_at=end
+            scope, remove=d.replicas < 0, now=now or end, telemetry_at=end
         )
         if d.replicas > 0 and guard.allowed:
             ready_by = end + timedelta(seconds=load_s * 2)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controllers.guardrail import Guardrail, GuardrailConfig, GuardReason
 from controllers.warming import WarmReason
 from planning.demand import DemandPlanner, DemandWiring, ServingSteps, decide_warm
 from schemas.commands import WarmAction
@@ -155,7 +156,7 @@ Outcome = list[tuple[Any, ...]]
 
 
 def _asked(close: tuple[Any, ...]) -> int:
-    return sum(replicas for _, replicas, _ in close[1])
+    return sum(step[1] for step in close[1])
 
 
 def _split_run(
@@ -295,9 +296,15 @@ def test_a_key_handed_to_another_planner_is_planned_as_if_it_had_never_moved() -
     """The planner of ``(model, region)`` changes every 97 s (a rebalance, a restart): the
     next one recalls what the last remembered (through JSON, as the state topic carries it)
     and forecasts, warms, cools and learns capacity as one planner that kept it all along.
-    Seeded with a short season so the seasonal models are in play."""
+    Seeded with a short season so the seasonal models are in play, and a guardrail that
+    allows one cool a minute, so its count of them must move with the key too."""
     wiring = DemandWiring(step_s=10.0, replica_rps=10.0, season_s=120.0)
-    kept, moved = DemandPlanner(wiring), DemandPlanner(wiring)
+
+    def planner() -> DemandPlanner:
+        guard = Guardrail(GuardrailConfig(max_actions=1, rate_window_s=60.0), devices={})
+        return DemandPlanner(wiring, guard=guard)
+
+    kept, moved = planner(), planner()
     source = ServingSteps(10.0)
     replicas, hand_overs = 4, 0
     one: Outcome = []
@@ -311,24 +318,27 @@ def test_a_key_handed_to_another_planner_is_planned_as_if_it_had_never_moved() -
             moved.serving_step(record)
         if t % 97 == 96:
             memory = json.loads(json.dumps(moved.remember(*key)))
-            moved = DemandPlanner(wiring)
+            moved = planner()
             moved.recall(*key, memory)
             hand_overs += 1
         demand = _demand("qwen-7b", t, _load(t % 600))
-        for planner, out in ((kept, one), (moved, many)):
-            forecasts, steps = planner.demand(demand)
+        for each, out in ((kept, one), (moved, many)):
+            forecasts, steps = each.demand(demand)
             if forecasts:
                 out.append((
                     tuple((f.made_at, f.horizon_s, f.point_rps, f.low_rps, f.high_rps, f.chosen)
                           for f in forecasts),
-                    tuple((st.pool, st.decision.replicas, st.decision.reason) for st in steps),
-                    planner.keys[key].capacity_rps,
+                    tuple((st.pool, st.decision.replicas, st.decision.reason, st.guard.reason)
+                          for st in steps),
+                    each.keys[key].capacity_rps,
                 ))  # fmt: skip
         if t % 10 == 9 and one and _asked(one[-1]) > 0:
             replicas += 1
     assert hand_overs == 9 and len(one) > 80
     assert one == many
     assert any(_asked(close) > 0 for close in one) and any(_asked(close) < 0 for close in one)
+    refused = [s for close in one for s in close[1] if s[3] is GuardReason.RATE_LIMITED]
+    assert refused  # the guardrail's limit on cools bound
     assert {c for close in one for _, _, _, _, _, c in close[0]} - {"persistence"}
     assert moved.keys[key].forecaster.remember() == kept.keys[key].forecaster.remember()
 
