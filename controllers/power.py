@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 
 class PowerReason(StrEnum):
@@ -148,6 +149,40 @@ class PowerController:
         self.batch_off_watts = 0.0  # batch work moved off the rack, as it drew then
         self.pending_watts = 0.0  # given back by a lift and not yet seen in the draw
         self.pending_periods = 0
+
+    def remember(self) -> dict[str, Any]:
+        """Its state as JSON-able values (the draws of the lift window with their rises, the
+        periods calm, warned and held, what it moved and gave back), so another process's
+        controller of the rack goes on from exactly here."""
+        return {
+            "last_draw": self.last_draw,
+            "history": [[at.isoformat(), draw, rise] for at, draw, rise in self.history],
+            "calm": self.calm, "warned": self.warned, "held": self.held,
+            "batch_off_watts": self.batch_off_watts, "pending_watts": self.pending_watts,
+            "pending_periods": self.pending_periods,
+        }  # fmt: skip
+
+    def recall(self, memory: dict[str, Any]) -> None:
+        """Go on from what :meth:`remember` wrote. Raises ``ValueError`` on another shape
+        (the controller is then left as it was)."""
+        try:
+            last = memory["last_draw"]
+            history = [
+                (datetime.fromisoformat(at), float(draw), float(rise))
+                for at, draw, rise in memory["history"]
+            ]
+            counts = [int(memory[k]) for k in ("calm", "warned", "held", "pending_periods")]
+            watts = [float(memory[k]) for k in ("batch_off_watts", "pending_watts")]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a power controller's memory: {exc!r}") from exc
+        if any(at.tzinfo is None for at, _, _ in history):
+            raise ValueError("a draw's instant without its zone")
+        if not all(math.isfinite(w) and w >= 0 for w in (*watts, *(d for _, d, _ in history))):
+            raise ValueError(f"watts that are not a draw: {memory}")
+        self.last_draw = None if last is None else float(last)
+        self.history = deque(history)
+        self.calm, self.warned, self.held, self.pending_periods = counts
+        self.batch_off_watts, self.pending_watts = watts
 
     def step(
         self,

@@ -99,11 +99,13 @@ class RackPlanner(ThrottleIssuer):
         # not seen here yet: their default watts and low-clock mode, their batch moves
         self.adopted: dict[str, tuple[float, bool]] = {}
         self.adopted_moves: dict[str, dict[str, str]] = {}
+        self.adopted_controllers: dict[str, dict[str, Any]] = {}  # rack -> its memory
 
     def held(self) -> dict[str, Any]:
         """What our levers hold now, as JSON-able values: each device our cap or low clock
-        holds down (its default watts, whether its clocks are low) and each rack's batch
-        work moved (pool -> the pool taking it). A planner that takes the racks over
+        holds down (its default watts, whether its clocks are low), each rack's batch
+        work moved (pool -> the pool taking it) and the power controller of each rack that
+        holds something. A planner that takes the racks over
         :meth:`adopt`-s it, so it lifts what this one set; without it, a cap set here looks
         like the device's default there and is never lifted."""
         devices = {u: [d.default_watts, d.low_clock] for u, d in self.devices.items()
@@ -111,7 +113,14 @@ class RackPlanner(ThrottleIssuer):
         devices.update({u: [w, low] for u, (w, low) in self.adopted.items()})
         moves = {r: dict(rack.batch_moved) for r, rack in self.racks.items() if rack.batch_moved}
         moves.update({r: dict(m) for r, m in self.adopted_moves.items()})
-        return {"devices": devices, "batch_moved": moves}
+        # the power controller of each rack that holds something: what it knows of the
+        # rack's draw sizes the lift that gives it back (a window of troughs would lift
+        # too much); a rack holding nothing needs none of it
+        holding = {self.devices[u].rack_id for u in devices if u in self.devices} | set(moves)
+        controllers = {r: rack.power.remember() for r, rack in sorted(self.racks.items())
+                       if r in holding or rack.power.held}  # fmt: skip
+        controllers.update(self.adopted_controllers)
+        return {"devices": devices, "batch_moved": moves, "controllers": controllers}
 
     def adopt(self, held: dict[str, Any]) -> None:
         """Take over what :meth:`held` said another planner's levers hold."""
@@ -128,6 +137,13 @@ class RackPlanner(ThrottleIssuer):
                 self.adopted_moves[rack_id] = {str(src): str(to) for src, to in moves.items()}
             else:
                 rack.batch_moved.update(moves)
+        for rack_id, memory in held.get("controllers", {}).items():
+            PowerController(self.wiring.power).recall(memory)  # refused here if unreadable
+            rack = self.racks.get(rack_id)
+            if rack is None:
+                self.adopted_controllers[str(rack_id)] = memory
+            else:
+                rack.power.recall(memory)
 
     def take_new_caps(self) -> list[tuple[str, float, float]]:
         out, self.new_caps = self.new_caps, []
@@ -215,6 +231,9 @@ class RackPlanner(ThrottleIssuer):
         if rack is None:
             rack = self.racks[reading.rack_id] = _Rack(PowerController(self.wiring.power))
             rack.batch_moved = self.adopted_moves.pop(reading.rack_id, {})
+            memory = self.adopted_controllers.pop(reading.rack_id, None)
+            if memory is not None:
+                rack.power.recall(memory)
         period, out = self._period(reading.observed_at), []
         if period > rack.period >= 0:
             if rack.closed_early != rack.period:

@@ -12,9 +12,9 @@ runs in as many processes as there are regions:
 - ``control.plan`` reads those twins co-partitioned (one key, one partition count, Kafka's
   range assignment), so one process plans each region and hears all of it, in one
   :class:`~planning.pools.RegionalControl`. A region that moves away takes its planner
-  with it; the next owner starts its power controllers afresh but adopts what the last
-  owner's levers hold (caps, low clocks, batch moves, routing weights, batch caps and
-  optional-work budgets with their controllers' memory:
+  with it; the next owner adopts what the last owner's levers hold (caps, low clocks,
+  batch moves, routing weights, batch caps and optional-work budgets, with the memory of
+  the controllers that set them:
   :class:`~schemas.state.ControlMemory` on ``state.control.v1``), so it gives them back
   when it is time and goes on with the budgets and caps as they were.
 
