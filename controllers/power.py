@@ -151,12 +151,23 @@ class PowerController:
         self.pending_periods = 0
 
     def remember(self) -> dict[str, Any]:
-        """Its state as JSON-able values (the draws of the lift window with their rises, the
-        periods calm, warned and held, what it moved and gave back), so another process's
-        controller of the rack goes on from exactly here."""
+        """Its state as JSON-able values (the draws of the lift window that can still matter,
+        with their rises, the periods calm, warned and held, what it moved and gave back),
+        so another process's controller of the rack goes on from exactly here."""
+        # the guard reads the last rise_window entries; a lift, the busiest draw of the
+        # window: an older entry that a later one draws as much as can never be that (it
+        # leaves the window first), so the record keeps a handful, not the whole window
+        history = list(self.history)
+        split = max(0, len(history) - self.config.rise_window)
+        kept = history[split:]
+        busiest = max((draw for _, draw, _ in kept), default=-math.inf)
+        for entry in reversed(history[:split]):
+            if entry[1] > busiest:
+                kept.insert(0, entry)
+                busiest = entry[1]
         return {
             "last_draw": self.last_draw,
-            "history": [[at.isoformat(), draw, rise] for at, draw, rise in self.history],
+            "history": [[at.isoformat(), draw, rise] for at, draw, rise in kept],
             "calm": self.calm, "warned": self.warned, "held": self.held,
             "batch_off_watts": self.batch_off_watts, "pending_watts": self.pending_watts,
             "pending_periods": self.pending_periods,

@@ -682,3 +682,17 @@ def test_a_power_controller_memory_of_another_shape_is_refused() -> None:
     other = PowerController(PowerConfig())
     other.recall(memory)
     assert other.remember() == memory
+
+
+def test_a_power_controller_memory_keeps_the_draws_that_can_still_matter_not_the_window() -> None:
+    """Five minutes of a swinging draw on a slow rise, a reading a second: the controller
+    keeps the lift window's 300 readings; its memory, the last rise_window and the older
+    ones no later reading draws as much as: what the guard and a lift can still read."""
+    ctl = PowerController(PowerConfig())
+    for k in range(300):
+        draw = 4000 + 300 * math.sin(2 * math.pi * k / 90) + k
+        ctl.step(now=at(float(k)), draw_watts=draw, limit_watts=5000, devices=_rack(400))
+    kept = ctl.remember()["history"]
+    assert len(ctl.history) == 300 and len(kept) <= PowerConfig().rise_window + 4
+    busiest = max(w for _, w, _ in ctl.history)
+    assert max(w for _, w, _ in kept) == busiest
