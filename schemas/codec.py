@@ -85,16 +85,17 @@ def _classify(exc: ValidationError) -> DecodeError:
     return DecodeError(DecodeErrorKind.SCHEMA, summary[:2000])
 
 
-def decode(raw: bytes | None, value_type: type[M]) -> M:
+def decode(raw: bytes | None, value_type: type[M], *, max_bytes: int = MAX_MESSAGE_BYTES) -> M:
     """Parse and validate ``raw`` as ``value_type``; raise :class:`DecodeError` otherwise.
     An envelope is valid here only when every sample is (:func:`decode_tick` keeps the
-    valid samples of one that is not)."""
+    valid samples of one that is not). ``max_bytes``: the largest message taken (a state
+    record, which the pipeline writes itself, may be larger than any event)."""
     if value_type in HEADS:
         return _strict_tick(raw, value_type)  # type: ignore[no-any-return]
     if raw is None:
         raise DecodeError(DecodeErrorKind.BAD_JSON, "empty message (tombstone)")
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise DecodeError(DecodeErrorKind.TOO_LARGE, f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
+    if len(raw) > max_bytes:
+        raise DecodeError(DecodeErrorKind.TOO_LARGE, f"{len(raw)} bytes > {max_bytes}")
     try:
         return value_type.model_validate_json(raw)  # type: ignore[attr-defined, no-any-return]
     except ValidationError as exc:

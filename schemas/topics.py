@@ -19,6 +19,11 @@ from schemas.verdicts import Decision, Forecast, Verdict
 
 HOUR_MS = 3600 * 1000
 DAY_MS = 24 * HOUR_MS
+# the largest record a state topic takes (its max.message.bytes; the worker's producer and
+# the state readers are sized to it): a control region's record grows with the devices its
+# levers hold, about 50 bytes each (a region of 50,000 devices, every one capped: 2.5 MB),
+# over the broker's default of 1 MB
+STATE_RECORD_BYTES = 16 * 1024 * 1024
 
 RESENT_HEADER = "fleetloop-resent"
 """Record header an agent puts on a record it sends again from its spool (delivery is at
@@ -50,6 +55,7 @@ class TopicSpec:
     retention_ms: int
     compacted: bool = False
     table: str = ""
+    max_message_bytes: int | None = None  # None: the broker's default (1 MB)
 
     @property
     def dlq_name(self) -> str:
@@ -73,6 +79,8 @@ class TopicSpec:
         """
         stamp = "LogAppendTime" if log_append_time and self.kind is TopicKind.TELEMETRY else None
         config = {"message.timestamp.type": stamp} if stamp else {}
+        if self.max_message_bytes is not None:
+            config["max.message.bytes"] = str(self.max_message_bytes)
         if self.retention_ms < 0:
             return {**config, "retention.ms": "-1", "cleanup.policy": "compact"}
         return {
@@ -274,6 +282,7 @@ DEMAND_STATE = TopicSpec(
     partitions=DEMAND.partitions,  # as the demand: a key's record sits in its partition
     retention_ms=-1,
     compacted=True,
+    max_message_bytes=STATE_RECORD_BYTES,  # a day's season of one key: about 310 KB
 )
 """The demand planner's memory per (model, region) (:mod:`planning.demand`); not ingested."""
 
@@ -292,6 +301,7 @@ CONTROL_STATE = TopicSpec(
     partitions=REGIONAL_PARTITIONS,  # a region's record in its telemetry's partition
     retention_ms=-1,
     compacted=True,
+    max_message_bytes=STATE_RECORD_BYTES,  # grows with the devices held: see the constant
 )
 """What each region's control planner's levers hold (:mod:`planning.pools`); not ingested."""
 

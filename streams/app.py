@@ -33,7 +33,7 @@ from prometheus_client import (
 )
 
 from planning.issuing import IssuerWiring
-from schemas.topics import INGESTED_TOPICS, TopicSpec, dead_letter_topic
+from schemas.topics import INGESTED_TOPICS, STATE_RECORD_BYTES, TopicSpec, dead_letter_topic
 from sre.dashboards import load_dashboards, render_page
 from sre.results import QueryResult
 from streams.clickhouse_store import ClickHouseStore
@@ -163,6 +163,7 @@ def create_app(
         # a batch per partition up to this size (faust's default, 16 KB, holds four node
         # envelopes: a produce request every four records where a role forwards them)
         producer_max_batch_size=PRODUCER_BATCH_BYTES,
+        producer_max_request_size=STATE_RECORD_BYTES,  # a state record may be that large
         topic_allow_declare=False,
     )
     metrics = IngestMetrics(registry)

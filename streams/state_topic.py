@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.base import Contract
 from schemas.codec import decode, encode
+from schemas.topics import STATE_RECORD_BYTES
 
 T = TypeVar("T", bound=Contract)
 
@@ -59,6 +60,8 @@ class StateTopic:
             bootstrap_servers=bootstrap_of(self.app),
             enable_auto_commit=False,
             isolation_level="read_committed",
+            # a fetch returns whole batches: room for the largest record a state topic takes
+            max_partition_fetch_bytes=STATE_RECORD_BYTES + 1024 * 1024,
         )
         await consumer.start()
         out: dict[str, T] = {}
@@ -77,7 +80,9 @@ class StateTopic:
                             if r.value is None:
                                 out.pop(key, None)
                             else:
-                                out[key] = decode(bytes(r.value), value_type)
+                                out[key] = decode(
+                                    bytes(r.value), value_type, max_bytes=STATE_RECORD_BYTES
+                                )
         finally:
             await consumer.stop()
         return out
