@@ -56,6 +56,7 @@ from enum import StrEnum
 from statistics import median
 from typing import Any, NamedTuple
 
+from controllers.clock import instant, maybe_instant
 from controllers.pid import PidConfig, PidReason, PidState, pid_step
 from controllers.stages import Clamp, RateLimit, Stabiliser, Stages, Tolerance
 
@@ -172,15 +173,19 @@ class CapacityController:
             budget = float(memory["budget"])
             integral, last, last_at, derivative, output = memory["pid"]
             state = PidState(
-                float(integral), _float(last), _when(last_at), float(derivative), _float(output)
+                float(integral),
+                _float(last),
+                maybe_instant(last_at),
+                float(derivative),
+                _float(output),
             )
             recent = [(float(lat), float(load)) for lat, load in memory["recent"]]
-            baselines = [(_instant(t), float(b)) for t, b in memory["baselines"]]
-            levels = [(_instant(t), float(b)) for t, b in memory["levels"]]
-            window = [(_instant(t), float(v)) for t, v in memory["stabiliser"]]
-            rate_at, fresh_at = _when(memory["rate_at"]), _when(memory["fresh_at"])
+            baselines = _series(memory["baselines"])
+            levels = _series(memory["levels"])
+            window = _series(memory["stabiliser"])
+            rate_at, fresh_at = maybe_instant(memory["rate_at"]), maybe_instant(memory["fresh_at"])
             stale = memory["stale_from"]
-            stale_from = None if stale is None else (_instant(stale[0]), float(stale[1]))
+            stale_from = None if stale is None else _series([stale])[0]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a capacity controller's memory: {exc!r}") from exc
         if not 0.0 <= budget <= self.config.budget_max_ratio:
@@ -381,15 +386,9 @@ def _at(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat()
 
 
-def _instant(text: str) -> datetime:
-    when = datetime.fromisoformat(text)
-    if when.tzinfo is None:
-        raise ValueError(f"an instant without its zone: {text!r}")
-    return when
-
-
-def _when(text: str | None) -> datetime | None:
-    return None if text is None else _instant(text)
+def _series(pairs: list[list[Any]]) -> list[tuple[datetime, float]]:
+    """``[[instant, value], ...]`` as :meth:`CapacityController.remember` wrote them."""
+    return [(instant(t), float(v)) for t, v in pairs]
 
 
 def _float(value: float | None) -> float | None:

@@ -71,3 +71,18 @@ class EventClock:
             return self._floor
         self._floor = told
         return told
+
+
+def instant(text: str) -> datetime:
+    """An instant a memory wrote (``datetime.isoformat``), read back. Raises ``ValueError``
+    on text that is not an instant with its zone (a naive time cannot be compared with
+    event time)."""
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        raise ValueError(f"an instant without its zone: {text!r}")
+    return when
+
+
+def maybe_instant(text: str | None) -> datetime | None:
+    """:func:`instant`, None staying None."""
+    return None if text is None else instant(text)

@@ -56,6 +56,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from controllers.clock import instant
+
 
 class PowerReason(StrEnum):
     OVER_TARGET = "over_target"  # caps or clocks lowered
@@ -179,15 +181,12 @@ class PowerController:
         try:
             last = memory["last_draw"]
             history = [
-                (datetime.fromisoformat(at), float(draw), float(rise))
-                for at, draw, rise in memory["history"]
+                (instant(at), float(draw), float(rise)) for at, draw, rise in memory["history"]
             ]
             counts = [int(memory[k]) for k in ("calm", "warned", "held", "pending_periods")]
             watts = [float(memory[k]) for k in ("batch_off_watts", "pending_watts")]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a power controller's memory: {exc!r}") from exc
-        if any(at.tzinfo is None for at, _, _ in history):
-            raise ValueError("a draw's instant without its zone")
         if not all(math.isfinite(w) and w >= 0 for w in (*watts, *(d for _, d, _ in history))):
             raise ValueError(f"watts that are not a draw: {memory}")
         self.last_draw = None if last is None else float(last)

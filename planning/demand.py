@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from controllers.clock import instant
 from controllers.guardrail import GuardDecision, Guardrail, GuardrailConfig
 from controllers.warming import WarmDecision, WarmingConfig, WarmingPolicy
 from models.forecast import DemandForecaster
@@ -331,11 +332,9 @@ class DemandPlanner:
             fresh.closed = (int(closed), {str(p): int(n) for p, n in by_pool.items()})
             fresh.loading = [(str(p), datetime.fromisoformat(at)) for p, at in memory["loading"]]
             cools = {
-                str(scope): [datetime.fromisoformat(at) for at in times]
+                str(scope): [instant(at) for at in times]
                 for scope, times in memory.get("cools", {}).items()
             }
-            if any(at.tzinfo is None for times in cools.values() for at in times):
-                raise TypeError("a cool's instant without its zone")
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a demand key's memory: {exc!r}") from exc
         for scope, times in cools.items():  # the cools its last planner's guardrail allowed
