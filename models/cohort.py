@@ -3,30 +3,36 @@
 A grey-failing device passes every health check; it is only slower than its
 peers. Peers are devices in the same cohort (model x accelerator type x load
 band for serving latency; accelerator type for probes and temperature). Each
-cohort keeps a robust location and spread of a per-sample value over a rolling
-window (river's ``RollingQuantile`` and ``RollingIQR``), so one sick device
-among many moves neither, and a fleet-wide change (a demand spike, a hot
-afternoon) moves both, so it is not mistaken for a device fault.
+cohort keeps a robust location and spread (median and interquartile range,
+linearly interpolated) of a per-sample value over a rolling window, so one sick
+device among many moves neither, and a fleet-wide change (a demand spike, a
+hot afternoon) moves both, so it is not mistaken for a device fault.
+
+The window is the last ``window`` samples that are at most ``max_age_s`` old
+(event time). Peers are peers *now*: a cohort no device visited for a while
+(a load band the traffic left) holds what was normal then, and a rollout since
+would read as the first returning device's own slowness. With an age limit, a
+cohort's stale samples leave it, and it is scored again once ``min_samples``
+fresh ones have come from enough peers.
 
 The heavy state is per cohort (a few KiB each, a few hundred cohorts for a
 fleet), never per device.
 
 Example::
 
-    peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
+    peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01, max_age_s=60.0)
     key = ("llama-70b", "H100", 7)
-    score = peers.score(key, x, device)   # None until enough samples from enough peers
-    peers.learn(key, x, device)           # score first, then learn
+    score = peers.score(key, x, device, at_s=t)   # None until enough fresh samples from peers
+    peers.learn(key, x, device, at_s=t)           # score first, then learn
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-
-from river import stats
 
 IQR_TO_SIGMA = 1.349  # IQR of a normal distribution in standard deviations
 
@@ -45,66 +51,113 @@ class PeerScore:
         return self.deviation / self.sigma
 
 
+def _quantile(ordered: list[float], share: float) -> float:
+    """The ``share`` quantile of sorted values, interpolated linearly between neighbours."""
+    at = (len(ordered) - 1) * share
+    low = int(at)
+    if low + 1 >= len(ordered):
+        return ordered[low]
+    part = at - low
+    return ordered[low] * (1.0 - part) + ordered[low + 1] * part
+
+
 class Cohort:
-    """Rolling median and IQR of one cohort's values, and who contributed them."""
+    """One cohort's window: its samples in order (value, member, time) and their values sorted."""
 
-    __slots__ = ("_iqr", "_median", "_members", "_order", "samples")
+    __slots__ = ("_members", "_order", "_sorted", "max_age_s", "newest_s", "window")
 
-    def __init__(self, window: int) -> None:
-        self._median = stats.RollingQuantile(q=0.5, window_size=window)
-        self._iqr = stats.RollingIQR(q_inf=0.25, q_sup=0.75, window_size=window)
-        self._order: deque[Hashable] = deque(maxlen=window)
-        self._members: Counter[Hashable] = Counter()
-        self.samples = 0
+    def __init__(self, window: int, max_age_s: float = math.inf) -> None:
+        self.window = window
+        self.max_age_s = max_age_s
+        self._order: deque[tuple[float, Hashable, float]] = deque()
+        self._sorted: list[float] = []
+        self._members: dict[Hashable, int] = {}  # member -> its samples in the window
+        self.newest_s = -math.inf
 
-    def learn(self, value: float, member: Hashable) -> None:
-        self._median.update(value)
-        self._iqr.update(value)
-        if len(self._order) == self._order.maxlen:
-            old = self._order[0]
-            self._members[old] -= 1
-            if self._members[old] <= 0:
-                del self._members[old]
-        self._order.append(member)
-        self._members[member] += 1
-        self.samples += 1
+    @property
+    def samples(self) -> int:
+        """Samples in the window now."""
+        return len(self._order)
+
+    def _drop_oldest(self) -> None:
+        value, member, _ = self._order.popleft()
+        ordered = self._sorted
+        del ordered[bisect_left(ordered, value)]
+        left = self._members[member] - 1
+        if left:
+            self._members[member] = left
+        else:
+            del self._members[member]
+
+    def expire(self, now_s: float) -> None:
+        """Drop the samples older than ``max_age_s`` at ``now_s`` (or the newest time seen)."""
+        if now_s > self.newest_s:
+            self.newest_s = now_s
+        cutoff = self.newest_s - self.max_age_s
+        order = self._order
+        while order and order[0][2] < cutoff:
+            self._drop_oldest()
+
+    def learn(self, value: float, member: Hashable, at_s: float) -> None:
+        self.expire(at_s)
+        if len(self._order) >= self.window:
+            self._drop_oldest()
+        self._order.append((value, member, at_s))
+        insort(self._sorted, value)
+        self._members[member] = self._members.get(member, 0) + 1
 
     def peers(self, member: Hashable) -> int:
         """Distinct members in the window other than ``member``."""
-        return len(self._members) - (1 if member in self._members else 0)
+        return len(self._members) - (member in self._members)
 
     @property
     def median(self) -> float:
-        value = self._median.get()
-        return math.nan if value is None else float(value)
+        return _quantile(self._sorted, 0.5) if self._sorted else math.nan
 
     @property
     def sigma(self) -> float:
-        value = self._iqr.get()
-        return math.nan if value is None else float(value) / IQR_TO_SIGMA
+        if not self._sorted:
+            return math.nan
+        return (_quantile(self._sorted, 0.75) - _quantile(self._sorted, 0.25)) / IQR_TO_SIGMA
 
 
 class Cohorts:
     """Cohorts by key; ``sigma_floor`` keeps a very uniform cohort from flagging noise."""
 
     def __init__(
-        self, *, window: int = 256, min_samples: int = 40, min_peers: int = 3, sigma_floor: float
+        self,
+        *,
+        window: int = 256,
+        min_samples: int = 40,
+        min_peers: int = 3,
+        sigma_floor: float,
+        max_age_s: float = math.inf,
     ) -> None:
+        if window < 1 or min_samples > window:
+            raise ValueError(f"window {window} must hold min_samples {min_samples}")
+        if not max_age_s > 0:
+            raise ValueError(f"max_age_s must be positive, not {max_age_s}")
         self.window = window
         self.min_samples = min_samples
         self.min_peers = min_peers
         self.sigma_floor = sigma_floor
+        self.max_age_s = max_age_s
         self._cohorts: dict[Hashable, Cohort] = {}
 
     def __len__(self) -> int:
         return len(self._cohorts)
 
-    def score(self, key: Hashable, value: float, member: Hashable = None) -> PeerScore | None:
+    def score(
+        self, key: Hashable, value: float, member: Hashable = None, *, at_s: float
+    ) -> PeerScore | None:
         """How far ``member``'s ``value`` sits from its peers; ``None`` while there are too few."""
         if not math.isfinite(value):
             return None
         cohort = self._cohorts.get(key)
-        if cohort is None or cohort.samples < self.min_samples:
+        if cohort is None:
+            return None
+        cohort.expire(at_s)
+        if cohort.samples < self.min_samples:
             return None
         peers = cohort.peers(member)
         if peers < self.min_peers:
@@ -112,10 +165,10 @@ class Cohorts:
         sigma = max(cohort.sigma, self.sigma_floor)
         return PeerScore(value - cohort.median, sigma, cohort.samples, peers)
 
-    def learn(self, key: Hashable, value: float, member: Hashable = None) -> None:
+    def learn(self, key: Hashable, value: float, member: Hashable = None, *, at_s: float) -> None:
         if not math.isfinite(value):
             return
         cohort = self._cohorts.get(key)
         if cohort is None:
-            cohort = self._cohorts[key] = Cohort(self.window)
-        cohort.learn(value, member)
+            cohort = self._cohorts[key] = Cohort(self.window, self.max_age_s)
+        cohort.learn(value, member, at_s)

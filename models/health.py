@@ -37,7 +37,11 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   its cohort, model x accelerator type x load band (the batch it ran, in bands
   of 25%), smoothed per device and net of the device's own long-run
   offset from its peers (its history), so a chip that always ran 3% slow is
-  not news and one that became 15% slow is.
+  not news and one that became 15% slow is. A band's peers are its samples of
+  the last ``tpot_peer_age_s``: traffic leaves and re-enters bands, and a band
+  left before a rollout would otherwise judge the first device back in it by
+  the TPOT of before. (Probes and temperature are per accelerator type, which
+  every device of the type feeds all the time: their windows are counts only.)
 - ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
   accelerator type's probes, two slow probes in a row.
 
@@ -120,7 +124,9 @@ class HealthDetector:
         self.watermarks: dict[Hashable, float] = {}  # source -> newest event time read from it
         self.lost_nodes: set[str] = set()
         self.future_dated = 0  # samples dated past broker time + max_skew_s (clamped)
-        self.tpot_peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01)
+        self.tpot_peers = Cohorts(
+            window=256, min_samples=40, sigma_floor=0.01, max_age_s=self.config.tpot_peer_age_s
+        )
         self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
         self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
         self.thermal_fit: dict[AcceleratorType, EwRegression] = {}
@@ -248,7 +254,7 @@ class HealthDetector:
         if fresh:
             if sample.ecc_sbe_volatile_total is not None:
                 self._ecc(d, sample.ecc_sbe_volatile_total, t)
-            self._thermal(d, sample, dt)
+            self._thermal(d, sample, t, dt)
         return self._judge(sample.device_uuid, d, t, sample.event_id, appended_at)
 
     def serving(
@@ -288,7 +294,7 @@ class HealthDetector:
         band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
         key = (metrics.model, d.kind, band)
         x = math.log(metrics.tpot_p50_s * d.clock_ratio)
-        peer = self.tpot_peers.score(key, x, device)  # score first, then learn
+        peer = self.tpot_peers.score(key, x, device, at_s=t)  # score first, then learn
         over = False
         if peer is not None:
             dev = peer.deviation
@@ -306,7 +312,7 @@ class HealthDetector:
         # the cohort learns what is normal for it now: not a device's own slowness, but a
         # slowness its groups share (a rollout on its type or model) is the cohort's
         if not over or self._shared(device, d, "tpot_vs_peers_log", t):
-            self.tpot_peers.learn(key, x, device)
+            self.tpot_peers.learn(key, x, device, at_s=t)
         return self._judge(device, d, t, metrics.event_id, appended_at)
 
     def heartbeat(
@@ -345,7 +351,7 @@ class HealthDetector:
             if d.capped and not settled:
                 continue  # its clocks are moving under a cap: which clock did the probe run at?
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
-            peer = self.probe_peers.score(d.kind, x, p.device_uuid)
+            peer = self.probe_peers.score(d.kind, x, p.device_uuid, at_s=t)
             slow = False
             if peer is not None:
                 d.probe_gap = -peer.deviation
@@ -354,7 +360,7 @@ class HealthDetector:
                 )
             d.probe_slow = d.probe_slow + 1 if slow else 0
             if not d.capped and (not slow or self._shared(p.device_uuid or "", d, "probe_slow", t)):
-                self.probe_peers.learn(d.kind, x, p.device_uuid)  # peers: uncapped devices
+                self.probe_peers.learn(d.kind, x, p.device_uuid, at_s=t)  # peers: uncapped devices
         for device_uuid in self.node_devices.get(health.node_id, ()):
             d = self.devices[device_uuid]
             out.extend(self._judge(device_uuid, d, t, health.event_id, appended_at))
@@ -428,7 +434,9 @@ class HealthDetector:
             state, events, elapsed
         )
 
-    def _thermal(self, device: DeviceState, sample: AnyAcceleratorSample, dt: float) -> None:
+    def _thermal(
+        self, device: DeviceState, sample: AnyAcceleratorSample, at_s: float, dt: float
+    ) -> None:
         c = self.config
         device.thermal_hot = bool((sample.clock_throttle_reasons or 0) & CLOCKS_THERMAL)
         if sample.gpu_temp_celsius is None or sample.power_usage_watts is None:
@@ -444,7 +452,11 @@ class HealthDetector:
         fit = self.thermal_fit.setdefault(device.kind, EwRegression())
         r = fit.residual(power, sample.gpu_temp_celsius)
         hot = device.thermal_hot
-        peer = None if r is None else self.thermal_peers.score(device.kind, r, sample.device_uuid)
+        peer = (
+            None
+            if r is None
+            else self.thermal_peers.score(device.kind, r, sample.device_uuid, at_s=at_s)
+        )
         if peer is not None:
             device.temp_resid += c.fast_alpha * (peer.deviation - device.temp_resid)
             device.thermal_sigma = peer.sigma
@@ -452,7 +464,7 @@ class HealthDetector:
         if hot:
             return  # neither the fit nor the cohort learns from a hot device
         if r is not None:
-            self.thermal_peers.learn(device.kind, r, sample.device_uuid)
+            self.thermal_peers.learn(device.kind, r, sample.device_uuid, at_s=at_s)
         fit.learn(power, sample.gpu_temp_celsius)
 
     def _tpot_excess(self, device: DeviceState) -> float:

@@ -34,6 +34,11 @@ class HealthConfig:
     thermal_tau_s: float = 45.0  # temperature follows power with about this time constant
     tpot_margin_ratio: float = 0.10
     tpot_stale_s: float = 30.0
+    # a TPOT cohort's reference is its samples of the last tpot_peer_age_s (and at most its
+    # window): peers now. A load band no device ran in for longer holds the TPOT of before a
+    # rollout since, which would read as the first device back in it being slow. At 1-s
+    # serving stats a band of four devices holds 240 samples in it, so a busy band is unchanged
+    tpot_peer_age_s: float = 60.0
     probe_margin_ratio: float = 0.10
     peer_z: float = 4.0
     fast_alpha: float = 0.3

@@ -3,7 +3,10 @@ peers and history for grey failures, small per-device state."""
 
 from __future__ import annotations
 
+import math
 import pickle
+import random
+from collections import Counter
 from datetime import timedelta
 
 from agents.sim.control import SimControl
@@ -217,3 +220,67 @@ def test_a_slow_chip_under_a_rack_power_brake_is_found_by_its_probes() -> None:
     assert "probe_slow" in devices["node-00001-gpu2"].evidence
     racks = {v.scope for v in verdicts if v.level is Level.RACK}
     assert racks <= {"rack-0000"}  # what the brake did to the rack's heat is the rack's
+
+
+def _band_move(config: HealthConfig) -> dict[str, Verdict]:
+    """Eight replicas of one model on one accelerator type in one region (four on each of two
+    nodes), half at batch 48 and half at
+    batch 32 (two load bands); a rollout then slows the model 14% while every replica runs at
+    batch 48, so the batch-32 band learns nothing of it; then two replicas go back to batch
+    32, as slow as their peers and no slower. The devices the detector flagged (the rollout
+    itself is the cohort's verdict)."""
+    sim = _sim(nodes=16)
+    det = HealthDetector(config)
+    templates: dict[str, ServingMetrics] = {}
+    for n in range(5):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                det.observe(ev)
+            if isinstance(ev, ServingMetrics) and ev.device_uuid and ev.requests:
+                templates[ev.device_uuid] = ev
+    places = Counter((t.accelerator_type, t.region) for t in templates.values())
+    kind, region = places.most_common(1)[0][0]
+    by_node: dict[str, list[ServingMetrics]] = {}
+    for t in sorted(templates.values(), key=lambda t: t.device_uuid or ""):
+        if (t.accelerator_type, t.region) == (kind, region):
+            by_node.setdefault(t.node_id, []).append(t.model_copy(update={"model": "llama-3-70b"}))
+    replicas = [t for node in list(by_node.values())[:2] for t in node[:4]]  # four on each of two
+    assert len(replicas) == 8
+    noise = random.Random(7)
+    flagged: dict[str, Verdict] = {}
+    for second in range(240):
+        # the fleet's own telemetry and heartbeats go on; serving is the eight replicas'
+        verdicts = [
+            v
+            for _spec, ev in sim.tick(5 + second)
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth)
+            for v in det.observe(ev)
+        ]
+        rollout = second >= 60  # the model is 14% slower from here on
+        for i, template in enumerate(replicas):
+            moved = second >= 180 and i in (0, 4)  # one replica on each node
+            batch = 32 if moved or (i % 2 and not rollout) else 48
+            tpot = 0.030 * (1.0 + 0.06 * (batch == 48)) * (1.14 if rollout else 1.0)
+            sample = template.model_copy(
+                update={
+                    "observed_at": sim.now,
+                    "batch_size": batch,
+                    "tpot_p50_s": round(tpot * (1.0 + noise.gauss(0.0, 0.01)), 6),
+                }
+            )
+            verdicts += det.serving(sample)
+        verdicts += det.tick(sim.now)
+        for v in verdicts:
+            if v.level is Level.DEVICE and v.status in (HealthStatus.DYING, HealthStatus.FAILED):
+                flagged.setdefault(v.device_uuid, v)
+    return flagged
+
+
+def test_a_load_band_no_device_ran_in_since_a_rollout_is_learned_afresh() -> None:
+    # the two replicas are no slower than their peers: the band they return to holds the
+    # model's TPOT of before the rollout, and only samples of the last minute are peers
+    assert _band_move(HealthConfig()) == {}
+    # judged against the band's old samples, both would read the rollout's 14% as theirs
+    stale = _band_move(HealthConfig(tpot_peer_age_s=math.inf))
+    assert len(stale) == 2
+    assert all("tpot_vs_peers_log" in v.evidence for v in stale.values())
