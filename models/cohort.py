@@ -1,8 +1,8 @@
 """Peer cohorts: what "normal" looks like for devices doing the same work.
 
 A grey-failing device passes every health check; it is only slower than its
-peers. Peers are devices in the same cohort (model x accelerator type x load
-band for serving latency; accelerator type for probes and temperature). Each
+peers. Peers are devices in the same cohort (model x accelerator type x region
+x load band for serving latency; accelerator type for probes and temperature). Each
 cohort keeps a robust location and spread (median and interquartile range,
 linearly interpolated) of a per-sample value over a rolling window, so one sick
 device among many moves neither, and a fleet-wide change (a demand spike, a
@@ -21,7 +21,7 @@ fleet), never per device.
 Example::
 
     peers = Cohorts(window=256, min_samples=40, sigma_floor=0.01, max_age_s=60.0)
-    key = ("llama-70b", "H100", 7)
+    key = ("llama-70b", "H100", "us-east", 7)
     score = peers.score(key, x, device, at_s=t)   # None until enough fresh samples from peers
     peers.learn(key, x, device, at_s=t)           # score first, then learn
 """

@@ -34,9 +34,10 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   residual), the residual smoothed per device and compared with the cohort's
   residual spread; thermal clock-event reasons count as over.
 - ``tpot_vs_peers``: log TPOT (p50, scaled by the device's clock ratio) against
-  its cohort, model x accelerator type x load band (the batch it ran, in bands
-  of 25%), smoothed per device and net of the device's own long-run
-  offset from its peers (its history), so a chip that always ran 3% slow is
+  its cohort, model x accelerator type x region x load band (the batch it
+  ran, in bands of 25%; a region's serving stack is rolled out on its own),
+  smoothed per device and net of the device's own long-run offset from its
+  peers (its history), so a chip that always ran 3% slow is
   not news and one that became 15% slow is. A band's peers are its samples of
   the last ``tpot_peer_age_s``: traffic leaves and re-enters bands, and a band
   left before a rollout would otherwise judge the first device back in it by
@@ -292,7 +293,7 @@ class HealthDetector:
         if d.capped:  # slower by our own hand (a power cap): neither judged nor learned from
             return self._judge(device, d, t, metrics.event_id, appended_at)
         band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
-        key = (metrics.model, d.kind, band)
+        key = (metrics.model, d.kind, d.region, band)
         x = math.log(metrics.tpot_p50_s * d.clock_ratio)
         peer = self.tpot_peers.score(key, x, device, at_s=t)  # score first, then learn
         over = False

@@ -222,6 +222,28 @@ def test_a_slow_chip_under_a_rack_power_brake_is_found_by_its_probes() -> None:
     assert racks <= {"rack-0000"}  # what the brake did to the rack's heat is the rack's
 
 
+def _serving_templates(sim: Simulation, det: HealthDetector) -> dict[str, ServingMetrics]:
+    """Five seconds of the fleet through ``det``; each serving replica's last sample."""
+    templates: dict[str, ServingMetrics] = {}
+    for n in range(5):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                det.observe(ev)
+            if isinstance(ev, ServingMetrics) and ev.device_uuid and ev.requests:
+                templates[ev.device_uuid] = ev
+    return templates
+
+
+def _fleet_second(sim: Simulation, det: HealthDetector, tick: int) -> list[Verdict]:
+    """One second of the fleet's own telemetry and heartbeats (serving is the test's)."""
+    return [
+        v
+        for _spec, ev in sim.tick(tick)
+        if isinstance(ev, AcceleratorTelemetry | NodeHealth)
+        for v in det.observe(ev)
+    ]
+
+
 def _band_move(config: HealthConfig) -> dict[str, Verdict]:
     """Eight replicas of one model on one accelerator type in one region (four on each of two
     nodes), half at batch 48 and half at
@@ -231,13 +253,7 @@ def _band_move(config: HealthConfig) -> dict[str, Verdict]:
     itself is the cohort's verdict)."""
     sim = _sim(nodes=16)
     det = HealthDetector(config)
-    templates: dict[str, ServingMetrics] = {}
-    for n in range(5):
-        for _spec, ev in sim.tick(n):
-            if isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
-                det.observe(ev)
-            if isinstance(ev, ServingMetrics) and ev.device_uuid and ev.requests:
-                templates[ev.device_uuid] = ev
+    templates = _serving_templates(sim, det)
     places = Counter((t.accelerator_type, t.region) for t in templates.values())
     kind, region = places.most_common(1)[0][0]
     by_node: dict[str, list[ServingMetrics]] = {}
@@ -250,12 +266,7 @@ def _band_move(config: HealthConfig) -> dict[str, Verdict]:
     flagged: dict[str, Verdict] = {}
     for second in range(240):
         # the fleet's own telemetry and heartbeats go on; serving is the eight replicas'
-        verdicts = [
-            v
-            for _spec, ev in sim.tick(5 + second)
-            if isinstance(ev, AcceleratorTelemetry | NodeHealth)
-            for v in det.observe(ev)
-        ]
+        verdicts = _fleet_second(sim, det, 5 + second)
         rollout = second >= 60  # the model is 14% slower from here on
         for i, template in enumerate(replicas):
             moved = second >= 180 and i in (0, 4)  # one replica on each node
@@ -284,3 +295,51 @@ def test_a_load_band_no_device_ran_in_since_a_rollout_is_learned_afresh() -> Non
     stale = _band_move(HealthConfig(tpot_peer_age_s=math.inf))
     assert len(stale) == 2
     assert all("tpot_vs_peers_log" in v.evidence for v in stale.values())
+
+
+def _regional_rollout(config: HealthConfig) -> tuple[dict[str, Verdict], str]:
+    """One model on one accelerator type: eight replicas in one region and two in another.
+    From 60 s a rollout slows the model 8% in the smaller region (one replica of it 12%),
+    and one replica of the larger region becomes 15% slower (a grey failure of its own).
+    The device-level verdicts, and that replica's device."""
+    sim = _sim(nodes=16)
+    det = HealthDetector(config)
+    templates = _serving_templates(sim, det)
+    by_region: dict[str, list[ServingMetrics]] = {}
+    for t in sorted(templates.values(), key=lambda t: t.device_uuid or ""):
+        if t.accelerator_type.value == "H100":
+            by_region.setdefault(t.region, []).append(t.model_copy(update={"model": "llama-3-70b"}))
+    big, small = sorted(by_region.values(), key=len, reverse=True)[:2]
+    replicas = big[:8] + small[:2]
+    assert len(replicas) == 10
+    slow = {small[0].device_uuid: 1.08, small[1].device_uuid: 1.08 * 1.04, big[0].device_uuid: 1.15}
+    noise = random.Random(11)
+    flagged: dict[str, Verdict] = {}
+    for second in range(200):
+        verdicts = _fleet_second(sim, det, 5 + second)
+        for template in replicas:
+            ratio = slow.get(template.device_uuid, 1.0) if second >= 60 else 1.0
+            sample = template.model_copy(
+                update={
+                    "observed_at": sim.now,
+                    "batch_size": 48,
+                    "tpot_p50_s": round(0.030 * ratio * (1.0 + noise.gauss(0.0, 0.01)), 6),
+                }
+            )
+            verdicts += det.serving(sample)
+        verdicts += det.tick(sim.now)
+        for v in verdicts:
+            if v.level is Level.DEVICE and v.status in (HealthStatus.DYING, HealthStatus.FAILED):
+                flagged.setdefault(v.device_uuid, v)
+    return flagged, big[0].device_uuid or ""
+
+
+def test_a_rollout_in_one_region_is_not_read_against_another_region_s_replicas() -> None:
+    # a replica is judged against its region's peers: the small region's two replicas have
+    # too few to be judged on TPOT (their probes still are); the large region's slow one is
+    # found among its own
+    # found among its own. (With one cohort for both regions, the small region's 12% replica
+    # read 12% slow against the large region's and was flagged too)
+    flagged, grey = _regional_rollout(HealthConfig())
+    assert set(flagged) == {grey}
+    assert "tpot_vs_peers_log" in flagged[grey].evidence
