@@ -184,13 +184,17 @@ class ClickHouseStore:
         *,
         token: str,
         settings: dict[str, Any],
+        fmt: str = "JSONEachRow",
+        columns: Sequence[str] | None = None,
     ) -> None:
-        """Insert JSONEachRow lines; retrying with the same ``token`` adds nothing."""
+        """Insert JSON lines (objects, or arrays in ``columns``' order with
+        ``JSONCompactEachRow``); retrying with the same ``token`` adds nothing."""
         body = b"\n".join(lines)
         merged = {**settings, **INSERT_SETTINGS, "insert_deduplication_token": token}
+        names = None if columns is None else list(columns)
         with self._lock:
             self.client.raw_insert(
-                f"{self.database}.{table}", None, body, settings=merged, fmt="JSONEachRow"
+                f"{self.database}.{table}", names, body, settings=merged, fmt=fmt
             )
 
     # -- async wrappers ------------------------------------------------------

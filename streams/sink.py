@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from schemas.topics import RESENT_HEADER
 from streams.clickhouse_store import ClickHouseStore
-from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, TableLayout, instant_json
+from streams.rows import LAYOUTS, Coordinates, TableLayout, instant_json
 
 Record = tuple[Any, Coordinates]  # a contract or an envelope, and where it came from
 R = TypeVar("R", bound=tuple[Any, Coordinates])
@@ -81,6 +81,26 @@ class Insert:
     token: str
     records: list[Record]
     rows: int  # rows it lands as (an envelope's line is one row per sample)
+
+
+def combined(batches: Sequence[Sequence[Insert]]) -> list[Insert]:
+    """Several batches' prepared inserts (in order) as one insert per table: their lines
+    or rows one after another, one token over all their records."""
+    by_table: dict[str, list[Insert]] = {}
+    for inserts in batches:
+        for one in inserts:
+            by_table.setdefault(one.layout.table, []).append(one)
+    out: list[Insert] = []
+    for table, ones in by_table.items():
+        if len(ones) == 1:
+            out.append(ones[0])
+            continue
+        records = [record for one in ones for record in one.records]
+        data = [item for one in ones for item in one.data]
+        token = batch_token(table, records)
+        rows = sum(one.rows for one in ones)
+        out.append(Insert(ones[0].layout, ones[0].run, data, token, records, rows))
+    return out
 
 
 class SinkMetrics:
@@ -249,7 +269,12 @@ class ClickHouseSink:
 
     def _json_insert(self, layout: TableLayout, lines: list[bytes], token: str) -> None:
         self.store.insert_json_lines(
-            layout.table, lines, token=token, settings=JSON_INSERT_SETTINGS
+            layout.table,
+            lines,
+            token=token,
+            settings=layout.json_settings,
+            fmt=layout.json_format,
+            columns=layout.columns if layout.compact else None,
         )
 
     def _row_insert(self, layout: TableLayout, rows: list[Any], token: str) -> None:

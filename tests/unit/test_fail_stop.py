@@ -88,18 +88,24 @@ def test_fail_stop_ends_the_process_with_a_failure_code() -> None:
     assert "ingest.demand" in proc.stderr and "boom" in proc.stderr
 
 
-def test_a_written_batch_is_committed_once_clickhouse_holds_it(store: ClickHouseStore) -> None:
-    registry = CollectorRegistry()
+def _committing_loop(store: ClickHouseStore, registry: CollectorRegistry, topic: str) -> IngestLoop:
+    """An ingest loop on ``topic`` that commits after every write (no broker: a test sets
+    its consumer and producer)."""
     metrics = IngestMetrics(registry)
-    topic = "commit-test." + ACCELERATOR_TICKS.name
     settings = IngestSettings(
-        bootstrap="127.0.0.1:1", group_id="t-commit", topics={topic: ACCELERATOR_TICKS},
+        bootstrap="127.0.0.1:1", group_id="t-" + topic, topics={topic: ACCELERATOR_TICKS},
         dlq_names={topic: topic + ".dlq"}, commit_interval_s=0.0,
     )  # fmt: skip
-    loop = IngestLoop(
+    return IngestLoop(
         settings, ClickHouseSink(store, registry=registry), events=metrics.events,
         dead_letters=metrics.dead_letters, errors=metrics.errors, on_fatal=_never,
     )  # fmt: skip
+
+
+def test_a_written_batch_is_committed_once_clickhouse_holds_it(store: ClickHouseStore) -> None:
+    registry = CollectorRegistry()
+    topic = "commit-test." + ACCELERATOR_TICKS.name
+    loop = _committing_loop(store, registry, topic)
     consumer = _Consumer({TopicPartition(topic, 3)})
     loop._consumer = consumer
     loop._producer = SimpleNamespace()
@@ -123,3 +129,53 @@ def test_a_written_batch_is_committed_once_clickhouse_holds_it(store: ClickHouse
 
 def _never(where: str, exc: BaseException) -> None:
     raise AssertionError(f"{where} failed: {exc!r}")
+
+
+def test_batches_that_wait_for_a_write_are_written_and_committed_together(
+    store: ClickHouseStore,
+) -> None:
+    """Group commit: the batches queued while the writer was busy go in as one insert per
+    table, land once, and commit each partition's last offset once."""
+    registry = CollectorRegistry()
+    topic = "together-test." + ACCELERATOR_TICKS.name
+    loop = _committing_loop(store, registry, topic)
+    consumer = _Consumer({TopicPartition(topic, 0), TopicPartition(topic, 1)})
+    loop._consumer = consumer
+    loop._producer = SimpleNamespace()
+    ticks = [v for s, v in fleet_messages(400) if s is ACCELERATOR_TICKS][:6]
+    batches = []
+    for first in (0, 3):  # partition 0 in both batches, partition 1 in the first
+        raw = [
+            RawMessage(Coordinates(topic, part, first + i), b"n", encode(ticks[first + i]))
+            for i, part in enumerate((0, 0, 1 if first == 0 else 0))
+        ]
+        ends = {TopicPartition(topic, m.at.partition): m.at.offset + 1 for m in raw}
+        batches.append(
+            _Batch(split(raw, AcceleratorTick, now=ingest_now()).valid, ends, {topic: 3},
+                   {topic: 0}, 0, ingest_now())
+        )  # fmt: skip
+
+    async def write() -> None:
+        for batch in batches:  # prepared while no writer runs: they wait together
+            loop._queue.put_nowait(await loop._prepare(batch))
+        writer = asyncio.create_task(loop._write_in_order())
+        await loop._queue.join()
+        writer.cancel()
+
+    asyncio.run(write())
+    stored = store.query(
+        f"SELECT count(), uniqExact(src_offset, sample_index) FROM {store.database}."
+        f"accelerator_telemetry WHERE src_topic = '{topic}'"
+    ).rows[0]
+    assert stored == [sum(len(t.samples) for t in ticks)] * 2
+    inserts = registry.get_sample_value(
+        "fleetloop_sink_insert_seconds_count", {"table": "accelerator_ticks_in"}
+    )
+    assert inserts == 1
+    assert consumer.commits == [{TopicPartition(topic, 0): 6, TopicPartition(topic, 1): 3}]
+    assert (
+        registry.get_sample_value(
+            "fleetloop_ingest_events_total", {"topic": topic, "outcome": "valid"}
+        )
+        == 6
+    )

@@ -8,10 +8,12 @@ import sys
 import threading
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agents.envelopes import pack
 from schemas.base import Contract
 from schemas.commands import (
     CommandResult,
@@ -28,7 +30,7 @@ from schemas.topics import TELEMETRY_TOPICS
 from streams.clickhouse_store import READER_THREADS, ClickHouseStore, StatementError
 from streams.ingest import RawMessage, split
 from streams.rows import JSON_INSERT_SETTINGS, LAYOUTS, Coordinates, instant_json
-from streams.sink import ClickHouseSink, Watermarks, batch_token
+from streams.sink import ClickHouseSink, Watermarks, batch_token, combined
 from tests.factories import START, fleet_events, ingest_now, malformed_payloads, signed_command
 
 
@@ -100,6 +102,35 @@ def test_copies_sent_again_from_a_spool_are_stored_once(store: ClickHouseStore) 
         assert count == unique, table
     dropped = sum(sink.metrics.copies.labels(table)._value.get() for table in TELEMETRY_TABLES)
     assert dropped == 150
+
+
+def test_batches_that_wait_together_go_in_as_one_insert_per_table(
+    store: ClickHouseStore,
+) -> None:
+    """The ingest loop's group commit: batches prepared while a write ran are written as
+    if they had been one batch (the same lines, rows and token), so they land once, and a
+    retry of the combined write adds nothing."""
+    offsets: dict[str, int] = {}
+    records: list[tuple[Any, Coordinates]] = []
+    for spec, value in [*pack(fleet_events(1200)), *fleet_events(300)]:  # v2 and v1
+        topic = "together." + spec.name
+        offsets[topic] = offsets.get(topic, -1) + 1
+        records.append((value, Coordinates(topic, 0, offsets[topic])))
+    sink = ClickHouseSink(store, registry=CollectorRegistry())
+    now = ingest_now()
+    thirds = [records[:200], records[200:500], records[500:]]
+    together = combined([sink.prepare(batch, now=now) for batch in thirds])
+    at_once = sink.prepare(records, now=now)
+    assert len(together) == len({one.layout.table for one in together}) == len(at_once) > 2
+    for mine, theirs in zip(together, at_once, strict=True):
+        assert (mine.layout, mine.data, mine.token, mine.records, mine.rows) == (
+            theirs.layout, theirs.data, theirs.token, theirs.records, theirs.rows
+        )  # fmt: skip
+    rows = sum(LAYOUTS[type(value)].rows(value) for value, _ in records)
+    assert asyncio.run(sink.insert(together)) == rows
+    for one in together:  # a retry, as the sink's own after a timeout: the same tokens
+        one.run(one.layout, one.data, one.token)
+    assert _total(store, "together.") == rows
 
 
 def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> None:
