@@ -240,7 +240,11 @@ class WorkerSettings(ConnectionSettings, CommandKeySettings):
     )
     commit_interval_s: float = Field(2.8, gt=0, description="Kafka offset commit interval")
     batch_max: int = Field(
-        10_000, ge=1, le=100_000, description="rows per ClickHouse insert at most (one part)"
+        10_000,
+        ge=1,
+        le=100_000,
+        description="ingest: Kafka messages per fetch; a ClickHouse insert holds one fetch, "
+        "or the fetches that waited while the last insert ran",
     )
     batch_within_s: float = Field(1.0, gt=0, description="ingest: flush at least this often")
     session_timeout_s: float = Field(10.0, gt=0)
