@@ -1,6 +1,9 @@
 -- Node-tick envelopes (telemetry contract v2) land through these staging tables: the sink
 -- inserts each validated envelope as one JSON line (its Kafka coordinates beside it), and
 -- a materialized view writes one row per sample into the raw table, with sample_index.
+-- The line is positional (JSONCompactEachRow): the columns in this table's order, each
+-- sample an array in the order of its tuple below, which is its struct's field order
+-- (schemas/envelopes.py); a test reads every field back from its column.
 -- ClickHouse explodes the envelope; Python never writes a line per sample. The staging
 -- tables keep nothing (Null engine); a retried insert with the same deduplication token
 -- adds nothing downstream (deduplicate_blocks_in_dependent_materialized_views).
