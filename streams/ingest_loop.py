@@ -90,6 +90,11 @@ class _Ready:
     generation: int
 
 
+def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for topic, count in counts.items():
+        into[topic] = into.get(topic, 0) + count
+
+
 def _together(waiting: list[_Ready]) -> _Ready:
     """Prepared batches (in fetch order, of one generation) as one: their records, the
     last offset of each partition, their counts, one insert per table."""
@@ -101,10 +106,8 @@ def _together(waiting: list[_Ready]) -> _Ready:
         batch.records += ready.batch.records
         batch.offsets.update(ready.batch.offsets)
         batch.messages += ready.batch.messages
-        for topic, count in ready.batch.valid.items():
-            batch.valid[topic] = batch.valid.get(topic, 0) + count
-        for topic, count in ready.batch.refused.items():
-            batch.refused[topic] = batch.refused.get(topic, 0) + count
+        _add(batch.valid, ready.batch.valid)
+        _add(batch.refused, ready.batch.refused)
     letters = [letter for ready in waiting for letter in ready.letters]
     inserts = combined([ready.inserts for ready in waiting])
     return _Ready(batch, letters, inserts, waiting[0].generation)
@@ -228,8 +231,8 @@ class IngestLoop:
             batch.offsets[tp] = messages[-1].offset + 1
             batch.messages += len(messages)
             whole = sum(1 for letter, _ in result.dead if letter.source_index is None)
-            batch.valid[tp.topic] = batch.valid.get(tp.topic, 0) + len(result.valid)
-            batch.refused[tp.topic] = batch.refused.get(tp.topic, 0) + whole
+            _add(batch.valid, {tp.topic: len(result.valid)})
+            _add(batch.refused, {tp.topic: whole})
         return batch
 
     async def _prepare(self, batch: _Batch, *, in_flight: bool = True) -> _Ready:
