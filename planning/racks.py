@@ -276,6 +276,11 @@ class RackPlanner(ThrottleIssuer):
         if plan.reason in (PowerReason.HOLD, PowerReason.INVALID_INPUT) and not plan.actions:
             return []
         out = []
+        # each decision says why its own lever moved: a shed that also asks for batch work
+        # to move lowered its caps and clocks because the rack was over its target
+        lever_reason = (
+            PowerReason.OVER_TARGET if plan.reason is PowerReason.MOVE_BATCH else plan.reason
+        )
         for a in plan.actions:
             d = members[a.device_uuid]
             target = Target(node_id=d.node_id, device_uuid=a.device_uuid, rack_id=rack_id)
@@ -290,7 +295,7 @@ class RackPlanner(ThrottleIssuer):
                 params = {"clock_mode": ClockMode.LOW if d.low_clock else ClockMode.DEFAULT}
                 action = ThrottleAction.CLOCK_MODE
             out.append(self._output(
-                end, rack_id, POWER, action, plan.reason.value, plan.message, target,
+                end, rack_id, POWER, action, lever_reason.value, plan.message, target,
                 changed=True, extra={"rack_id": rack_id, "applied": a.watts}, params=params,
             ))  # fmt: skip
         if plan.move_batch_watts > 0 or plan.return_batch_watts > 0:

@@ -358,15 +358,23 @@ def _rack_devices(sim: Simulation, rack: int) -> list[Device]:
     return [d for n in sim.fleet.racks[rack].nodes for d in n.devices]
 
 
-def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() -> None:
+def _rack_planner_run(
+    rooms: dict[str, float], *, seconds: int = 300, limit_ratio: float | None = None
+) -> tuple[Simulation, list[ControlOutput]]:
+    """pdu-overload with batch work, through a rack planner alone whose caps land."""
     scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
     demand = scenario.demand.model_copy(update={"batch_ratio": 0.1})
-    sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
+    faults = scenario.faults
+    if limit_ratio is not None:
+        params = {**faults[0].params, "breaker_limit_ratio": limit_ratio}
+        faults = (faults[0].model_copy(update={"params": params}), *faults[1:])
+    sim = Simulation(scenario.model_copy(update={"demand": demand, "faults": faults}),
+                     start=START)  # fmt: skip
     wiring = ControlWiring(signing_key=KEY, period_s=2.0, tpot_slo_s=0.08)
-    racks = RackPlanner(wiring, rooms=lambda: {"us-east-h100": 0.0})  # every pool full
+    racks = RackPlanner(wiring, rooms=lambda: rooms)
     dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     made: list[ControlOutput] = []
-    for n in range(int(300 / sim.interval_s)):
+    for n in range(int(seconds / sim.interval_s)):
         for _, event in sim.tick(n):
             if isinstance(event, AcceleratorTelemetry):
                 racks.accelerator(event)
@@ -378,6 +386,11 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
                 for o in out:  # the caps land, so they hold (and the rack does not trip)
                     if o.command is not None:
                         dispatcher.handle(o.command, now=sim.now, received_at=sim.now)
+    return sim, made
+
+
+def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() -> None:
+    sim, made = _rack_planner_run({"us-east-h100": 0.0})  # every pool full
     moves = [o for o in made if o.decision.action == "move_batch"]
     assert moves and all(o.command is None for o in moves)  # nothing is sent anywhere
     stays = [o.decision for o in moves if "stays" in o.decision.message]
@@ -387,6 +400,18 @@ def test_batch_work_with_no_pool_to_take_it_stays_and_the_move_is_asked_again() 
     times = sorted({d.decided_at for d in stays if d.rack_id == rack0})
     assert len(times) >= 2
     assert all((b - a).total_seconds() >= 3 * 2.0 for a, b in itertools.pairwise(times))
+
+
+def test_a_shed_that_also_moves_batch_work_gives_each_lever_its_own_reason() -> None:
+    # a feed cut so deep that caps and low clocks cannot cover it: one plan lowers the caps
+    # and asks for the batch work to move; the caps say over_target, the move move_batch
+    _, made = _rack_planner_run({"us-east-h100": 8.0}, seconds=200, limit_ratio=0.3)
+    first = min(o.decision.decided_at for o in made if o.decision.action == "move_batch")
+    together = {(o.decision.action, o.decision.reason) for o in made
+                if o.decision.decided_at == first}  # fmt: skip
+    assert ("power_cap", "over_target") in together and ("move_batch", "move_batch") in together
+    levers = {(o.decision.action, o.decision.reason) for o in made}
+    assert {r for a, r in levers if a != "move_batch"} <= {"over_target", "headroom"}, levers
 
 
 def test_capped_devices_get_less_work_and_their_tpot_meets_their_peers_then_comes_back() -> None:
