@@ -186,9 +186,13 @@ def test_isolation_state_survives_five_sigkills(
             return taken
 
         def healthy_after_bad() -> list[int]:
+            """The healthy verdicts read after the last bad one. In read order, not by time: a
+            replay may judge an instant again, and the ladder takes a verdict as recent as the
+            one it holds, so a healthy one stamped with the bad one's instant starts the
+            probation (one CI run read that restore 30 s early when this compared stamps)."""
             seen = verdicts()
-            last_bad = max(ms for status, ms in seen if status != "healthy")
-            return [ms for _, ms in seen if ms > last_bad]
+            last_bad = max(i for i, (status, _) in enumerate(seen) if status != "healthy")
+            return [ms for _, ms in seen[last_bad + 1 :]]
 
         # ingest reads the verdicts and the decisions from different topics: the healthy
         # verdict the restore followed may land a batch after the restore's decision
