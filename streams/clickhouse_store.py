@@ -98,6 +98,10 @@ INSERT_SETTINGS: dict[str, Any] = {
     "async_insert": 0,  # chDB defaults to async inserts; the sink needs the write done
     # a retried batch (same token) must not be counted twice by the per-minute rollups
     "deduplicate_blocks_in_dependent_materialized_views": 1,
+    # the per-minute rollups are partitioned by the events' month: a batch from an agent
+    # with a broken clock may span over 100 months (the default limit), and a batch refused
+    # for good would stall the ingest; ClickHouse logs a warning instead
+    "throw_on_max_partitions_per_insert_block": 0,
 }
 
 

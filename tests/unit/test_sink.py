@@ -133,6 +133,24 @@ def test_batches_that_wait_together_go_in_as_one_insert_per_table(
     assert _total(store, "together.") == rows
 
 
+def test_a_batch_whose_valid_instants_span_years_lands_whole(store: ClickHouseStore) -> None:
+    """A broken clock on an agent: valid events whose instants span more than 100 months in
+    one batch (the per-minute rollups are partitioned by month). ClickHouse refuses an insert
+    into over 100 partitions by default, and a batch refused for good stalls the ingest."""
+    records = _records(1200, "months.")
+    spread = [
+        (value.model_copy(update={"observed_at": START - timedelta(days=31 * k)}), at)
+        for k, (value, at) in enumerate(records)
+    ]
+    sink = ClickHouseSink(store, registry=CollectorRegistry())
+    assert asyncio.run(sink.write(spread, now=ingest_now())) == len(spread)
+    months = store.query(
+        f"SELECT uniqExact(toYYYYMM(observed_at)) FROM {store.database}.accelerator_telemetry "
+        "WHERE startsWith(src_topic, 'months.')"
+    ).rows[0][0]
+    assert months > 100
+
+
 def test_retried_insert_with_same_token_adds_nothing(store: ClickHouseStore) -> None:
     records = [r for r in _records(400, "b.") if type(r[0]).__name__ == "AcceleratorTelemetry"]
     layout = LAYOUTS[type(records[0][0])]
