@@ -50,7 +50,7 @@ from tests.hostile_json import field_sweep, messages, sweep
 
 EXAMPLES = int(os.environ.get("FLEETLOOP_FUZZ_EXAMPLES", "1000"))  # Hypothesis' draws
 SWEPT = int(os.environ.get("FLEETLOOP_FUZZ_SWEPT", "10000"))  # the seeded random source's
-STORED_SAMPLE = 300  # accepted values per type written to ClickHouse
+STORED_SAMPLE = 3000  # accepted values per type written to ClickHouse
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
