@@ -64,6 +64,18 @@ def field_sweep(doc: dict[str, Json]) -> list[bytes]:
     return out
 
 
+OFFSET_MINUTES = 23 * 60 + 59  # the widest UTC offset an ISO 8601 instant can carry
+ANY_SPAN = (datetime(1, 1, 2), datetime(9999, 12, 30))  # any instant Python can write
+UTC_SPAN = (datetime(2020, 1, 1), datetime(2035, 1, 1))  # plausible instants, in UTC
+_UTC_MOMENTS = st.datetimes(*UTC_SPAN)
+_ANY_MOMENTS = st.datetimes(
+    *ANY_SPAN,
+    timezones=st.integers(-OFFSET_MINUTES, OFFSET_MINUTES).map(
+        lambda m: timezone(timedelta(minutes=m))
+    ),
+)
+
+
 class Source(Protocol):
     """Where the grammar's choices come from."""
 
@@ -96,15 +108,8 @@ class HypothesisSource:
 
     def instant(self, *, utc_only: bool = False) -> str:
         if utc_only:
-            moment = self.draw(st.datetimes(datetime(2020, 1, 1), datetime(2035, 1, 1)))
-            return moment.replace(tzinfo=UTC).isoformat()
-        offsets = st.integers(-23 * 60 - 59, 23 * 60 + 59).map(
-            lambda m: timezone(timedelta(minutes=m))
-        )
-        moment = self.draw(
-            st.datetimes(datetime(1, 1, 2), datetime(9999, 12, 30), timezones=offsets)
-        )
-        return moment.isoformat()
+            return self.draw(_UTC_MOMENTS).replace(tzinfo=UTC).isoformat()
+        return self.draw(_ANY_MOMENTS).isoformat()
 
     def uuid(self) -> str:
         return str(self.draw(st.uuids()))
@@ -162,11 +167,11 @@ class RandomSource:
 
     def instant(self, *, utc_only: bool = False) -> str:
         rng = self.rng
+        low, high = UTC_SPAN if utc_only else ANY_SPAN
+        moment = low + (high - low) * rng.random()
         if utc_only:
-            moment = datetime(2020, 1, 1) + timedelta(seconds=rng.uniform(0, 15 * 365 * 86400))
             return moment.replace(tzinfo=UTC).isoformat()
-        offset = timezone(timedelta(minutes=rng.randint(-23 * 60 - 59, 23 * 60 + 59)))
-        moment = datetime(1, 1, 2) + timedelta(seconds=rng.uniform(0, 9998 * 365 * 86400))
+        offset = timezone(timedelta(minutes=rng.randint(-OFFSET_MINUTES, OFFSET_MINUTES)))
         return moment.replace(tzinfo=offset).isoformat()
 
     def uuid(self) -> str:

@@ -8,8 +8,9 @@ with a reason; any other exception fails the test. The inputs come from one
 grammar (``tests.hostile_json``): 1,000 drawn by Hypothesis (which seeks edges and
 shrinks a failure to a small input), then 10,000 drawn by a seeded random source,
 the same every run (Hypothesis' engine spent about 6 ms on each input, most of
-these tests' time). What the ingest step accepts must also be storable: a sample
-of it goes through the real sink into the real ClickHouse engine.
+these tests' time). What the ingest step accepts must also be storable: the first
+3,000 accepted values of each type go through the real sink into the real
+ClickHouse engine.
 """
 
 from __future__ import annotations
