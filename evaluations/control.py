@@ -448,9 +448,10 @@ def _end_period(
 
 def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None]:
     """After each step of 20% or more: periods to the first budget change, to settling
-    within 5% of the budget it ends at (and staying), and the overshoot past that budget.
-    Steps up in load (where optional work must give way) and down are kept apart; the
-    worst of each kind is reported."""
+    within 5% of the budget it ends at (and staying), and the overshoot past that budget,
+    up to the next event (a step taken while an event is on is not scored: its budget
+    answers the event). Steps up in load (where optional work must give way) and down are
+    kept apart; the worst of each kind is reported."""
     worst: dict[str, float | None] = {}
     segments = scn.baseline
     for k, seg in enumerate(segments):
@@ -460,6 +461,8 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
         was = before.to if before.kind == "ramp" and before.to is not None else before.level
         if abs(seg.level - was) < 0.2 * max(was, 1e-9):
             continue
+        if any(e.active(seg.at_s) for e in scn.events):
+            continue  # in a slowdown, a breaker event or a silence: not a step's response
         end = segments[k + 1].at_s if k + 1 < len(segments) else scn.duration_s
         # up to the next event too: a breaker or a slowdown is not the step's settling
         end = min([end, *(e.at_s for e in scn.events if seg.at_s < e.at_s < end)])

@@ -22,7 +22,15 @@ def test_eval_control_reports_every_policy_on_the_same_scenario(
     assert main(["eval", "control", "--scenario", str(scenario), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("slo_attainment", "harvest_vs_oracle", "breaker_violations",
-                "actions_per_300s_oscillation", "settling_periods_after_step"):  # fmt: skip
+                "actions_per_300s_oscillation"):  # fmt: skip
+        for suffix in ("", "_static", "_hpa"):
+            assert isinstance(out[key + suffix], int | float), key + suffix
+    # a step is scored for every policy or for none (none: it came while an event was on,
+    # as holdout's step up does, inside a breaker event); each scenario scores one at least
+    settling = [k for k in ("settling_periods_after_step", "settling_periods_after_step_down")
+                if k in out]  # fmt: skip
+    assert settling
+    for key in settling:
         for suffix in ("", "_static", "_hpa"):
             assert isinstance(out[key + suffix], int | float), key + suffix
     # what the production assembly holds on every scenario
@@ -30,7 +38,8 @@ def test_eval_control_reports_every_policy_on_the_same_scenario(
     assert out["slo_attainment"] >= 0.998
     assert 0 < out["harvest_vs_oracle"] <= 1
     for step in ("reaction_periods_after_step", "reaction_periods_after_step_down"):
-        assert out[step] is not None and out[step] <= 2
+        if step in out:
+            assert out[step] is not None and out[step] <= 2
     # and better than the two baselines on the same draws
     assert out["slo_attainment"] > out["slo_attainment_static"]
     assert out["harvest_vs_oracle"] > max(out["harvest_vs_oracle_static"],
@@ -160,3 +169,23 @@ def test_the_oracle_owes_what_it_deferred_before_it_counts_room_for_optional_wor
     room = [ledger.second(0.6, 0.5, 0.05) for _ in range(60)]
     assert room[:29] == [0.0] * 29 and room[-1] == pytest.approx(0.05)
     assert sum(room) == pytest.approx(60 * 0.05 - 1.0 - 0.5)
+
+
+def test_a_step_taken_inside_an_event_is_not_scored_as_a_step_response() -> None:
+    from evaluations.control import Tally, _step_response
+    from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
+
+    def scenario(slowdown_at_s: float) -> ControlScenario:
+        return ControlScenario(
+            name="x", duration_s=1000,
+            baseline=[Segment(at_s=0, level=0.3), Segment(at_s=500, kind="step", level=0.45)],
+            events=[ControlEvent(at_s=slowdown_at_s, kind="slowdown", duration_s=300)],
+        )  # fmt: skip
+
+    # the budget held at 0 through a slowdown the step falls inside, then rising after it
+    tally = Tally(budgets=[(t, 0.3 if t < 450 else 0.0 if t < 750 else 0.2)
+                           for t in range(10, 1001, 10)])  # fmt: skip
+    assert _step_response(scenario(slowdown_at_s=450), tally) == {}
+    # the same slowdown after the step only ends its window: the step is scored up to it
+    scored = _step_response(scenario(slowdown_at_s=700), tally)
+    assert scored["reaction_periods_after_step"] is None  # never changed before the event
