@@ -44,7 +44,11 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   the TPOT of before. (Probes and temperature are per accelerator type, which
   every device of the type feeds all the time: their windows are counts only.)
 - ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
-  accelerator type's probes, two slow probes in a row.
+  accelerator type's probes, two slow probes in a row. The newest probe's gap is
+  taken against the peers as they read now, not as they read when it came in:
+  a round of probes reaches the detector one node at a time, and a rollout that
+  moves the reference part way through a round would otherwise leave the nodes
+  read first looking slower than the rest.
 
 A device whose clocks a power cap or brake holds down (DCGM's clock-event
 reasons) is slow by the power controller's hand: its TPOT is neither judged nor
@@ -352,14 +356,10 @@ class HealthDetector:
             if d.capped and not settled:
                 continue  # its clocks are moving under a cap: which clock did the probe run at?
             x = p.expected_ratio / max(d.clock_ratio, 0.05)
-            peer = self.probe_peers.score(d.kind, x, p.device_uuid, at_s=t)
-            slow = False
-            if peer is not None:
-                d.probe_gap = -peer.deviation
-                slow = d.probe_gap > max(
-                    self.config.probe_margin_ratio, self.config.peer_z * peer.sigma
-                )
-            d.probe_slow = d.probe_slow + 1 if slow else 0
+            before = self._probe_streak(d, t)  # a streak the peers have since caught up with ends
+            d.probe_x = x
+            slow = self._probe_gap(d, t)[1]
+            d.probe_slow = before + 1 if slow else 0
             if not d.capped and (not slow or self._shared(p.device_uuid or "", d, "probe_slow", t)):
                 self.probe_peers.learn(d.kind, x, p.device_uuid, at_s=t)  # peers: uncapped devices
         for device_uuid in self.node_devices.get(health.node_id, ()):
@@ -481,6 +481,25 @@ class HealthDetector:
 
     # -- judgement ------------------------------------------------------------------------
 
+    def _probe_gap(self, device: DeviceState, at_s: float) -> tuple[float, bool]:
+        """(how far its newest probe sits below its type's peers, whether that is slow), taken
+        against the peers as they read now, not as they read when the probe came in: the
+        probes of one round reach the detector one node at a time, and when a rollout moves
+        the peers' reference in the middle of a round, a gap taken at arrival would depend on
+        which node was read first (the first read slow, the last did not)."""
+        c = self.config
+        peer = self.probe_peers.score(device.kind, device.probe_x, at_s=at_s)
+        if peer is None:
+            return 0.0, False
+        gap = -peer.deviation
+        return gap, gap > max(c.probe_margin_ratio, c.peer_z * peer.sigma)
+
+    def _probe_streak(self, device: DeviceState, at_s: float) -> int:
+        """Its slow probes in a row, while the newest is still slow against its peers now."""
+        if device.probe_slow and self._probe_gap(device, at_s)[1]:
+            return device.probe_slow
+        return 0
+
     def _soft(self, device: DeviceState, name: str, at_s: float) -> Reading | None:
         """One of the soft signals a group may share, as ``device`` reads now (None: it has
         no current reading of it)."""
@@ -499,9 +518,10 @@ class HealthDetector:
                 return None
             return Reading(name, self._tpot_excess(device), self._tpot_threshold(device))
         if name == "probe_slow":
-            return Reading(name=name, value=device.probe_slow, threshold=2)
+            return Reading(name=name, value=self._probe_streak(device, at_s), threshold=2)
         if name == "probe_gap":  # what a slow probe is slow by (the group's measure)
-            return Reading(name=name, value=device.probe_gap, threshold=c.probe_margin_ratio)
+            gap = self._probe_gap(device, at_s)[0]
+            return Reading(name=name, value=gap, threshold=c.probe_margin_ratio)
         return Reading(name=name, value=self._xid_flaps(device, at_s), threshold=c.xid_flap_count)
 
     def _shared(self, device_uuid: str, device: DeviceState, name: str, at_s: float) -> bool:
@@ -560,7 +580,7 @@ class HealthDetector:
         ):
             excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
             soft.append(Reading("tpot_vs_peers_log", excess, limit))
-        soft.append(Reading("probe_slow", device.probe_slow, 2))
+        soft.append(Reading("probe_slow", self._probe_streak(device, at_s), 2))
         soft.append(Reading("xid_flaps", self._xid_flaps(device, at_s), c.xid_flap_count))
         return hard, soft
 

@@ -97,8 +97,8 @@ class DeviceState:
     fatal_at_s: float = -math.inf
     xid_times: list[float] = field(default_factory=list)
     probe_failed: bool = False
-    probe_slow: int = 0
-    probe_gap: float = 0.0
+    probe_slow: int = 0  # probes in a row slow against their type's peers (as each read)
+    probe_x: float = math.nan  # its newest probe's throughput over its clock ratio
     sbe_last: int = -1  # the correctable ECC counter as last read (-1: not yet)
     sbe_at_s: float = math.nan  # and when
     ecc_cusum: float = 0.0  # the rise statistic (models.counts)

@@ -18,6 +18,7 @@ from models.health import HealthConfig, HealthDetector
 from models.health_state import Reading
 from planning.isolation import attribute
 from schemas.base import AcceleratorType
+from schemas.events import AcceleratorTelemetry, NodeHealth, ServingMetrics
 from schemas.verdicts import ATTRIBUTE, Decision, DecisionOutcome, HealthStatus, Level, Verdict
 from tests.factories import START, feed_detector
 
@@ -248,3 +249,35 @@ def test_a_rollout_covers_its_cohorts_and_their_stacks(scope: str, covered: bool
         frozenset({"MI300X"}), "eu-west",
     )  # fmt: skip
     assert rollout.covers(scope) is covered
+
+
+def test_a_rollout_read_in_the_middle_of_a_probe_round_takes_no_node_out() -> None:
+    # every node probes in the same second and the detector reads a round one node at a
+    # time; a rollout moves the peers' reference part way through its second slow round,
+    # so the nodes read before the move saw a 15% gap and the rest none. When node 0's
+    # next round comes late (its partition delayed), its gaps taken then would stand
+    # against peers already read afresh: its node alone looked slow and was drained. A
+    # gap is taken against the peers as they read now, so every node reads alike
+    rollout = FaultSpec(
+        kind=FaultKind.ROLLOUT_SLOWDOWN, target=TargetSpec(accelerator_type="H100"),
+        start_s=165, duration_s=400, params={"slowdown_ratio": 0.15},
+    )  # fmt: skip
+    types = tuple(AcceleratorType(t) for t in ("H100", "H100", "A100", "MI300X"))
+    fleet = FleetSpec(nodes=48, seed=5, type_mix=types)
+    sim = Simulation(Scenario(duration_s=240, fleet=fleet, faults=(rollout,)), start=START)
+    det = HealthDetector()
+    verdicts: list[Verdict] = []
+    held: list[tuple[int, NodeHealth]] = []
+    for n in range(240):
+        for _spec, ev in sim.tick(n):
+            if isinstance(ev, NodeHealth) and ev.node_id == "node-00000" and n >= 185:
+                held.append((n + 3, ev))
+            elif isinstance(ev, AcceleratorTelemetry | NodeHealth | ServingMetrics):
+                verdicts += det.observe(ev)
+        while held and held[0][0] <= n:
+            verdicts += det.observe(held.pop(0)[1])
+        verdicts += det.tick(sim.now)
+    assert not [v for v in verdicts if v.status in FLAGGED and v.level is not Level.COHORT]
+    # the rollout was seen, and as the type's
+    slow = [v for v in verdicts if v.level is Level.DEVICE and "probe_slow" in v.attribution]
+    assert slow and all("shared with type H100@" in v.attribution for v in slow)
