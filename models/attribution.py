@@ -20,8 +20,10 @@ signal (at least ``MIN_MEMBERS`` of them):
 - slow probes are measured too, by the probe's gap to its type's peers (the
   streak of slow probes is what a device is judged on, the gap what a group's
   median is taken of);
-- a counted signal (XID flaps) is shared when at least half the group's
-  members are over too.
+- so are XID flaps, by their CUSUM statistic (a driver fault that throws XIDs
+  on most of a node's or a type's devices is theirs, not each device's);
+- a counted signal is shared when at least half the group's members are over
+  too.
 
 When several groups explain it, the broadest one does (a cohort before a rack,
 a rack before a node): a cause shared by every node of a rack is the rack's.
@@ -62,7 +64,7 @@ GROUPS_OF: dict[str, tuple[str, ...]] = {
     "thermal_resid_celsius": ("node", "rack"),
     "tpot_vs_peers_log": ("node", "stack", "type", "model"),
     "probe_slow": ("node", "type"),
-    "xid_flaps": ("node", "type"),
+    "xid_rise": ("node", "type"),
 }
 """Which groups can explain each soft signal: a node's cooling or a rack's air heat its
 devices; a host, a rollout on a type or a model slows them; ECC is a chip's own."""

@@ -55,10 +55,14 @@ reasons) is slow by the power controller's hand: its TPOT is neither judged nor
 learned from until the cap is lifted. Its probes are judged over its clock
 ratio (GEMM throughput follows the SM clock) once its clocks have held steady
 for ``clock_settle_s``, against uncapped peers; they are not learned from.
-- ``xid_flapping``: ``xid_flap_count`` non-fatal XIDs within ``xid_flap_window_s``,
-  while they keep coming: the reading is 0 once the newest is older than the
-  window over the count (the mean gap the rule asks for), so a device that
-  stopped flapping is not stepped further on what it did minutes ago.
+- ``xid_rise``: non-fatal XIDs, a Poisson CUSUM (:mod:`models.counts`, as for
+  correctable ECC) for a flap of one XID every ``xid_flap_every_s`` against a
+  fixed quiet rate: two XIDs close together or three spread over minutes cross
+  it, where a count in a fixed window missed both (four XIDs over seven minutes
+  never three within five; two three seconds apart). Quiet time drains it, and
+  it reads over only while XIDs keep coming (the newest within
+  ``xid_flap_every_s``), so a device that stopped flapping is not stepped
+  further on what it did minutes ago.
 
 Per-device state is a slotted record of a few dozen numbers (well under
 2 KiB pickled; a test measures it); the river models live per cohort.
@@ -119,6 +123,7 @@ class HealthDetector:
     ) -> None:
         self.config = config or HealthConfig()
         self.ecc_rise = self.config.ecc_rise()
+        self.xid_rise = self.config.xid_rise()
         self.new_id = new_id
         self.devices: dict[str, DeviceState] = {}
         self.node_devices: dict[str, list[str]] = {}  # node -> its devices, as first seen
@@ -140,7 +145,7 @@ class HealthDetector:
             "thermal_resid_celsius": c.thermal_margin_celsius,
             "tpot_vs_peers_log": math.log1p(c.tpot_margin_ratio),
             "probe_gap": c.probe_margin_ratio,
-            "xid_flaps": float(c.xid_flap_count),
+            "xid_rise": c.xid_threshold,
         }
         self.common = CommonMode(
             self._reading_of, floors, sustain_s=c.sustain_s, verdict_interval_s=c.verdict_interval_s
@@ -246,12 +251,8 @@ class HealthDetector:
             d.clock_ratio = ratio
         d.capped = bool((sample.clock_throttle_reasons or 0) & POWER_HELD)
         d.dbe = sample.ecc_dbe_volatile_total or 0
-        if sample.xid_last:
-            if sample.xid_last in FATAL_XIDS:
-                d.fatal_xid, d.fatal_at_s = sample.xid_last, t
-            else:
-                d.xid_times = [x for x in d.xid_times if t - x <= c.xid_flap_window_s][-7:]
-                d.xid_times.append(t)
+        if sample.xid_last and sample.xid_last in FATAL_XIDS:
+            d.fatal_xid, d.fatal_at_s = sample.xid_last, t
         # this sample's own word, not a latch an earlier sample set: a double-bit count (a
         # counter: every later sample repeats it), or a fatal XID raised in its interval
         own = d.dbe > 0 or (sample.xid_last or 0) in FATAL_XIDS
@@ -259,6 +260,12 @@ class HealthDetector:
         if fresh:
             if sample.ecc_sbe_volatile_total is not None:
                 self._ecc(d, sample.ecc_sbe_volatile_total, t)
+            flapped = bool(sample.xid_last) and sample.xid_last not in FATAL_XIDS
+            rise = self.xid_rise  # drained for the quiet time, then the XID added
+            statistic = self._xid_statistic(d, t) + flapped * math.log(rise.ratio)
+            d.xid_cusum, d.xid_at_s = min(statistic, rise.cap_ratio * rise.threshold), t
+            if flapped:
+                d.xid_seen_s = t
             self._thermal(d, sample, t, dt)
         return self._judge(sample.device_uuid, d, t, sample.event_id, appended_at)
 
@@ -435,6 +442,24 @@ class HealthDetector:
             state, events, elapsed
         )
 
+    def _xid_statistic(self, device: DeviceState, at_s: float) -> float:
+        """The XID flap statistic at ``at_s``: as of its newest sample, less the quiet
+        time since (a reading between samples, or at a tick, drains as the next sample
+        would)."""
+        if math.isnan(device.xid_at_s):
+            return 0.0
+        quiet = max(0.0, at_s - device.xid_at_s)
+        return self.xid_rise.step(device.xid_cusum, 0, quiet, self.config.xid_quiet_per_s())
+
+    def _xid_reading(self, device: DeviceState, at_s: float) -> float:
+        """The flap statistic while XIDs keep coming, 0 once the newest is older than
+        ``xid_flap_every_s``: the statistic drains over many minutes (it remembers a flap,
+        so a device that starts again is over at its next XID), and a device whose XIDs
+        stopped must not be stepped down the ladder on them meanwhile."""
+        if at_s - device.xid_seen_s > self.config.xid_flap_every_s:
+            return 0.0
+        return self._xid_statistic(device, at_s)
+
     def _thermal(
         self, device: DeviceState, sample: AnyAcceleratorSample, at_s: float, dt: float
     ) -> None:
@@ -522,7 +547,8 @@ class HealthDetector:
         if name == "probe_gap":  # what a slow probe is slow by (the group's measure)
             gap = self._probe_gap(device, at_s)[0]
             return Reading(name=name, value=gap, threshold=c.probe_margin_ratio)
-        return Reading(name=name, value=self._xid_flaps(device, at_s), threshold=c.xid_flap_count)
+        xids = self._xid_reading(device, at_s)
+        return Reading(name=name, value=xids, threshold=c.xid_threshold)
 
     def _shared(self, device_uuid: str, device: DeviceState, name: str, at_s: float) -> bool:
         """Whether ``device``'s ``name``, over its threshold, is a deviation its groups share."""
@@ -581,16 +607,8 @@ class HealthDetector:
             excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
             soft.append(Reading("tpot_vs_peers_log", excess, limit))
         soft.append(Reading("probe_slow", self._probe_streak(device, at_s), 2))
-        soft.append(Reading("xid_flaps", self._xid_flaps(device, at_s), c.xid_flap_count))
+        soft.append(Reading("xid_rise", self._xid_reading(device, at_s), c.xid_threshold))
         return hard, soft
-
-    def _xid_flaps(self, device: DeviceState, at_s: float) -> int:
-        """Non-fatal XIDs in the flap window, while they keep coming (0 once the newest is
-        older than the mean gap the rule asks for: window over count)."""
-        c, times = self.config, device.xid_times
-        if not times or at_s - times[-1] > c.xid_flap_window_s / c.xid_flap_count:
-            return 0
-        return len(times)
 
     def _judge(
         self,
@@ -601,7 +619,6 @@ class HealthDetector:
         appended_at: datetime | None,
     ) -> list[Verdict]:
         c = self.config
-        device.xid_times = [x for x in device.xid_times if at_s - x <= c.xid_flap_window_s]
         hard, soft = self.signals(device, at_s)
         over = []
         shared: list[tuple[Reading, Shared]] = []

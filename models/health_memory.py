@@ -2,8 +2,8 @@
 
 A device's history takes the detector minutes to hours to learn: its long-run
 TPOT offset from its peers (a chip that always ran 3% slow is not news), its
-correctable-ECC baseline rate, its top clock, a latched fatal XID, the XIDs in
-its flapping window, whether it had warmed up. Losing them on a restart would
+correctable-ECC baseline rate, its top clock, a latched fatal XID, its XID flap
+statistic, whether it had warmed up. Losing them on a restart would
 judge every device as new (and miss a flapping XID, or a baseline already
 risen). :func:`remember` turns a :class:`~models.health_state.DeviceState` into
 a JSON-able mapping and :func:`recall` back; the health processor keeps them on
@@ -65,8 +65,6 @@ def recall(memory: Memory) -> DeviceState:
             value = AcceleratorType(value)
         elif f.name == "status":
             value = HealthStatus(value)
-        elif f.name == "xid_times":
-            value = [float(v) for v in value if v is not None]
         elif f.name == "since":
             value = {str(k): float(v) for k, v in value.items() if v is not None}
         given[f.name] = value

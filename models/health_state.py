@@ -45,8 +45,16 @@ class HealthConfig:
     history_alpha: float = 0.002
     history_max_ratio: float = 0.05  # a device may run this much slower than peers by nature
     warmup_samples: int = 30
-    xid_flap_count: int = 3
-    xid_flap_window_s: float = 300.0
+    # non-fatal XIDs: a Poisson CUSUM (models.counts.RateRise) for a flap of one XID every
+    # xid_flap_every_s against a quiet rate of xid_quiet_per_day, held fixed (a device throws
+    # too few in a day for its own record to say its rate). At the defaults an XID adds
+    # ln(864) = 6.8 and quiet time drains 0.01 a second, so 12 is crossed by two XIDs within
+    # 150 s or three within 14 minutes; by Wald's bound a device at the quiet rate crosses it
+    # about once in e^12 (160,000) XIDs. It reads over only while XIDs keep coming (the
+    # newest within xid_flap_every_s): a device that stopped is not stepped further on them
+    xid_flap_every_s: float = 100.0
+    xid_quiet_per_day: float = 1.0
+    xid_threshold: float = 12.0
     fatal_latch_s: float = 600.0
     # how far an event's own clock may run ahead of the broker's before it is clamped: the
     # bound commands get (MAX_CLOCK_SKEW_S); NTP keeps a host within milliseconds of it
@@ -68,6 +76,16 @@ class HealthConfig:
             threshold=self.ecc_threshold,
             prior_events=self.ecc_prior_events,
             prior_s=self.ecc_prior_s,
+        )
+
+    def xid_quiet_per_s(self) -> float:
+        return self.xid_quiet_per_day / 86_400.0
+
+    def xid_rise(self) -> RateRise:
+        """The XID flap test these settings describe (its quiet rate: :meth:`xid_quiet_per_s`)."""
+        return RateRise(
+            ratio=1.0 / (self.xid_flap_every_s * self.xid_quiet_per_s()),
+            threshold=self.xid_threshold,
         )
 
 
@@ -95,7 +113,9 @@ class DeviceState:
     dbe: int = 0
     fatal_xid: int = 0
     fatal_at_s: float = -math.inf
-    xid_times: list[float] = field(default_factory=list)
+    xid_cusum: float = 0.0  # the XID flap statistic (models.counts) as of xid_at_s
+    xid_at_s: float = math.nan  # its newest sample's time
+    xid_seen_s: float = -math.inf  # its newest non-fatal XID's time
     probe_failed: bool = False
     probe_slow: int = 0  # probes in a row slow against their type's peers (as each read)
     probe_x: float = math.nan  # its newest probe's throughput over its clock ratio
@@ -147,15 +167,15 @@ class EwRegression:
 
 
 def counted(name: str) -> bool:
-    """Soft signals that count occurrences (probes in a row, XIDs in a window): one is
-    suspect, ``threshold`` of them is sustained by construction."""
-    return name in ("probe_slow", "xid_flaps")
+    """Soft signals that count occurrences (probes in a row): one is suspect,
+    ``threshold`` of them is sustained by construction."""
+    return name == "probe_slow"
 
 
 def sequential(name: str) -> bool:
     """Soft signals that are a sequential test's statistic (a CUSUM, models.counts): the
     test has weighed the evidence over time already, so over its threshold is sustained."""
-    return name == "ecc_sbe_rise"
+    return name in ("ecc_sbe_rise", "xid_rise")
 
 
 class Reading(NamedTuple):
