@@ -260,12 +260,10 @@ class HealthDetector:
         if fresh:
             if sample.ecc_sbe_volatile_total is not None:
                 self._ecc(d, sample.ecc_sbe_volatile_total, t)
-            flapped = bool(sample.xid_last) and sample.xid_last not in FATAL_XIDS
-            rise = self.xid_rise  # drained for the quiet time, then the XID added
-            statistic = self._xid_statistic(d, t) + flapped * math.log(rise.ratio)
-            d.xid_cusum, d.xid_at_s = min(statistic, rise.cap_ratio * rise.threshold), t
-            if flapped:
-                d.xid_seen_s = t
+            if sample.xid_last and sample.xid_last not in FATAL_XIDS:
+                rise = self.xid_rise  # drained for the quiet time, then the XID added
+                statistic = self._xid_statistic(d, t) + math.log(rise.ratio)
+                d.xid_cusum, d.xid_at_s = min(statistic, rise.cap_ratio * rise.threshold), t
             self._thermal(d, sample, t, dt)
         return self._judge(sample.device_uuid, d, t, sample.event_id, appended_at)
 
@@ -443,10 +441,9 @@ class HealthDetector:
         )
 
     def _xid_statistic(self, device: DeviceState, at_s: float) -> float:
-        """The XID flap statistic at ``at_s``: as of its newest sample, less the quiet
-        time since (a reading between samples, or at a tick, drains as the next sample
-        would)."""
-        if math.isnan(device.xid_at_s):
+        """The XID flap statistic at ``at_s``: as of its newest XID, less the quiet time
+        since (the drain is linear down to 0, so it is taken when read, not every sample)."""
+        if device.xid_at_s == -math.inf:
             return 0.0
         quiet = max(0.0, at_s - device.xid_at_s)
         return self.xid_rise.step(device.xid_cusum, 0, quiet, self.config.xid_quiet_per_s())
@@ -456,7 +453,7 @@ class HealthDetector:
         ``xid_flap_every_s``: the statistic drains over many minutes (it remembers a flap,
         so a device that starts again is over at its next XID), and a device whose XIDs
         stopped must not be stepped down the ladder on them meanwhile."""
-        if at_s - device.xid_seen_s > self.config.xid_flap_every_s:
+        if at_s - device.xid_at_s > self.config.xid_flap_every_s:
             return 0.0
         return self._xid_statistic(device, at_s)
 

@@ -114,8 +114,7 @@ class DeviceState:
     fatal_xid: int = 0
     fatal_at_s: float = -math.inf
     xid_cusum: float = 0.0  # the XID flap statistic (models.counts) as of xid_at_s
-    xid_at_s: float = math.nan  # its newest sample's time
-    xid_seen_s: float = -math.inf  # its newest non-fatal XID's time
+    xid_at_s: float = -math.inf  # its newest non-fatal XID's time
     probe_failed: bool = False
     probe_slow: int = 0  # probes in a row slow against their type's peers (as each read)
     probe_x: float = math.nan  # its newest probe's throughput over its clock ratio
