@@ -28,7 +28,7 @@ each route command reached the broker.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -59,6 +59,17 @@ class Fault:
     devices: frozenset[str]
     scopes: frozenset[str] = frozenset()  # the node or rack a group's verdict may name
     params: Mapping[str, float] = field(default_factory=dict)  # its strength, its lead
+    # a flap's XIDs as its device threw them (None: not a flap): a flap of one XID, or
+    # none, shows nothing a healthy device's occasional XID does not
+    xids_thrown: int | None = None
+
+    @property
+    def evidence(self) -> str:
+        """What the device showed of it, where the truth says ("" where it does not)."""
+        if self.xids_thrown is None:
+            return ""
+        n, seconds = self.xids_thrown, (self.end - self.start).total_seconds()
+        return f"{n} XID{'' if n == 1 else 's'} thrown in its {seconds:.0f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +112,8 @@ class FaultScore:
     tti_s: dict[str, list[float]] = field(default_factory=dict)  # fault start -> all isolated
     not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
+    missed_evidence: dict[str, str] = field(default_factory=dict)  # fault -> what it showed
+    missed_flap_xids: dict[str, int] = field(default_factory=dict)  # a missed flap's XIDs
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
     group_detections: int = 0
@@ -150,6 +163,8 @@ class FaultScore:
             },
             "not_isolated": self.not_isolated,
             "missed": self.missed,
+            "missed_evidence": self.missed_evidence,
+            "missed_flap_xids": self.missed_flap_xids,
             "false_detections": self.false_detections,
             "false_isolation_causes": self.false_isolation_causes,
             "group_detections": self.group_detections,
@@ -178,6 +193,10 @@ def faults_from_truth(
     """
     rows = list(rows)
     tripped = {r["target"] for r in rows if r.get("what") == "breaker_trip"}
+    xids: dict[str, list[datetime]] = defaultdict(list)  # device -> the XIDs it threw
+    for r in rows:
+        if r.get("what") == "xid":
+            xids[r["target"]].append(datetime.fromisoformat(r["at"]))
     out = []
     faults = [r for r in rows if r.get("record") == "fault"]
     faulted = {r["device_uuid"] for r in faults if r["device_uuid"]}
@@ -204,17 +223,12 @@ def faults_from_truth(
             scopes = frozenset({r["rack_id"], *on_rack.values()})
         else:
             continue  # an overload that never tripped its breaker harmed no device
-        out.append(
-            Fault(
-                r["fault_id"],
-                r["kind"],
-                datetime.fromisoformat(r["start_at"]),
-                datetime.fromisoformat(r["end_at"]),
-                devices,
-                scopes,
-                r.get("params") or {},
-            )
-        )
+        start, end = datetime.fromisoformat(r["start_at"]), datetime.fromisoformat(r["end_at"])
+        thrown = None
+        if r["kind"] == "flapping_xid" and r["device_uuid"]:
+            thrown = sum(1 for at in xids[r["device_uuid"]] if start <= at <= end)
+        params = r.get("params") or {}
+        out.append(Fault(r["fault_id"], r["kind"], start, end, devices, scopes, params, thrown))
     return out
 
 
@@ -299,6 +313,8 @@ def score(
             )
     ttd: dict[str, list[float]] = defaultdict(list)
     missed = []
+    missed_evidence: dict[str, str] = {}
+    missed_flap_xids: dict[str, int] = {}
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
     for f in faults:
@@ -308,6 +324,9 @@ def score(
             ttd[f.kind].append(taken)
         else:
             missed.append(f.fault_id)
+            if f.xids_thrown is not None:
+                missed_evidence[f.fault_id] = f.evidence
+                missed_flap_xids[f.fault_id] = f.xids_thrown
         if f.kind == "grey_slowdown" and f.params.get("slowdown_ratio", 0.0) >= GREY_TARGET_RATIO:
             grey_ttd.append(taken)
         if f.kind == "ecc_storm" and "lead_s" in f.params:
@@ -365,6 +384,8 @@ def score(
         tti_s=tti,
         not_isolated=not_isolated,
         missed=missed,
+        missed_evidence=missed_evidence,
+        missed_flap_xids=missed_flap_xids,
         false_detections=false_detections,
         false_isolation_causes=causes,
         group_detections=len(group_episodes),
@@ -410,6 +431,9 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     )
     out["faults_total"] = sum(int(r["faults"]) for r in runs)
     out["missed_total"] = sum(len(r["missed"]) for r in runs)
+    # the flaps missed, by how many XIDs each threw in its fault (one XID is no flap)
+    thrown = Counter(n for r in runs for n in r.get("missed_flap_xids", {}).values())
+    out["missed_flaps_by_xids_thrown"] = {str(n): thrown[n] for n in sorted(thrown)}
     grey = [t for r in runs for t in r.get("grey_15pct_ttd_s", [])]
     found = sorted(t for t in grey if t is not None)
     out["grey_15pct_faults"] = len(grey)

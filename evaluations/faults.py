@@ -337,7 +337,9 @@ def format_score(name: str, summary: dict[str, Any]) -> str:
         lines.append(f"{key:<38}{summary[key]}")
     lines.append(f"{'actions':<38}{summary['actions']}")
     lines.append(f"{'guardrail refusals':<38}{summary['refusals']}")
-    lines += [f"missed: {item}" for item in summary["missed"]]
+    shows = summary.get("missed_evidence", {})
+    lines += [f"missed: {item}" + (f" ({shows[item]})" if item in shows else "")
+              for item in summary["missed"]]  # fmt: skip
     lines += [f"not isolated: {item}" for item in summary["not_isolated"]]
     lines += [f"false isolation: {item}" for item in summary["false_isolation_causes"]]
     lines += [f"unexplained group: {item}" for item in summary["group_detections_unexplained"]]

@@ -430,6 +430,9 @@ class Fleet:
         xid = active.xid.get(dev.uuid)
         if xid is not None and dev.spec.reports_xid and self.rng.random() < dt / xid[1]:
             dev.xid = xid[0]
+            # what a flap threw is chance (a short one may throw one XID, or none): the
+            # evaluation says so of a flap it missed
+            self.faults.record(t_s=at_s, what="xid", target=dev.uuid, xid=float(xid[0]))
 
     def _racks(self, active: ActiveFaults, at_s: float) -> None:
         for rack in self.racks:

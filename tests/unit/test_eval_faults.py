@@ -9,7 +9,7 @@ from uuid import uuid4
 
 import pytest
 
-from evaluations.fault_scoring import Fault, aggregate, score
+from evaluations.fault_scoring import Fault, aggregate, faults_from_truth, score
 from fleetloop.cli import main
 from schemas.base import AcceleratorType
 from schemas.verdicts import Decision, DecisionOutcome, HealthStatus, Verdict
@@ -136,3 +136,32 @@ def test_time_to_isolate_waits_for_every_device_a_fault_harms() -> None:
         faults_x, [_verdict("x-g0", HealthStatus.DYING, 105)], early, {}, observed_s=86_400.0
     )
     assert s3.summary()["per_kind"]["grey_slowdown"]["time_to_isolate_p50_s"] == 0.0
+
+
+def test_a_missed_flap_says_how_many_xids_its_device_threw() -> None:
+    """The truth's XIDs (the simulator records each one a flap throws) go with the flap:
+    a flap that threw one XID in its fault showed nothing a healthy device's occasional
+    XID does not, and the evaluation says so of a flap it missed; one it found says
+    nothing more."""
+    start, end = T0 + timedelta(seconds=100), T0 + timedelta(seconds=400)
+
+    def flap(fault_id: str, device: str) -> dict[str, object]:
+        return {"record": "fault", "fault_id": fault_id, "kind": "flapping_xid",
+                "device_uuid": device, "node_id": "n", "rack_id": "k",
+                "start_at": start.isoformat(), "end_at": end.isoformat(), "params": {}}  # fmt: skip
+
+    def xid(device: str, at_s: float) -> dict[str, object]:
+        at = T0 + timedelta(seconds=at_s)
+        return {"record": "consequence", "what": "xid", "target": device, "xid": 43.0,
+                "t_s": at_s, "at": at.isoformat()}  # fmt: skip
+
+    rows = [flap("f1-flapping_xid", "d1"), flap("f2-flapping_xid", "d2"), xid("d1", 250),
+            xid("d2", 120), xid("d2", 150), xid("d2", 90), xid("d1", 450)]  # fmt: skip
+    faults = faults_from_truth(rows, {"d1": ("n", "k"), "d2": ("n", "k")})
+    assert [f.xids_thrown for f in faults] == [1, 2]  # only those inside the fault count
+    s = score(faults, [_verdict("d2", HealthStatus.DYING, 160)], [], {}, observed_s=600.0)
+    summary = s.summary()
+    assert summary["missed"] == ["f1-flapping_xid"]
+    assert summary["missed_evidence"] == {"f1-flapping_xid": "1 XID thrown in its 300 s"}
+    assert summary["missed_flap_xids"] == {"f1-flapping_xid": 1}
+    assert aggregate({1: summary, 2: summary})["missed_flaps_by_xids_thrown"] == {"1": 2}
