@@ -112,8 +112,7 @@ class FaultScore:
     tti_s: dict[str, list[float]] = field(default_factory=dict)  # fault start -> all isolated
     not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
-    missed_evidence: dict[str, str] = field(default_factory=dict)  # fault -> what it showed
-    missed_flap_xids: dict[str, int] = field(default_factory=dict)  # a missed flap's XIDs
+    missed_flaps: list[Fault] = field(default_factory=list)  # with the XIDs each threw
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
     group_detections: int = 0
@@ -163,8 +162,8 @@ class FaultScore:
             },
             "not_isolated": self.not_isolated,
             "missed": self.missed,
-            "missed_evidence": self.missed_evidence,
-            "missed_flap_xids": self.missed_flap_xids,
+            "missed_evidence": {f.fault_id: f.evidence for f in self.missed_flaps},
+            "missed_flap_xids": {f.fault_id: f.xids_thrown for f in self.missed_flaps},
             "false_detections": self.false_detections,
             "false_isolation_causes": self.false_isolation_causes,
             "group_detections": self.group_detections,
@@ -313,8 +312,7 @@ def score(
             )
     ttd: dict[str, list[float]] = defaultdict(list)
     missed = []
-    missed_evidence: dict[str, str] = {}
-    missed_flap_xids: dict[str, int] = {}
+    missed_flaps: list[Fault] = []
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
     for f in faults:
@@ -325,8 +323,7 @@ def score(
         else:
             missed.append(f.fault_id)
             if f.xids_thrown is not None:
-                missed_evidence[f.fault_id] = f.evidence
-                missed_flap_xids[f.fault_id] = f.xids_thrown
+                missed_flaps.append(f)
         if f.kind == "grey_slowdown" and f.params.get("slowdown_ratio", 0.0) >= GREY_TARGET_RATIO:
             grey_ttd.append(taken)
         if f.kind == "ecc_storm" and "lead_s" in f.params:
@@ -384,8 +381,7 @@ def score(
         tti_s=tti,
         not_isolated=not_isolated,
         missed=missed,
-        missed_evidence=missed_evidence,
-        missed_flap_xids=missed_flap_xids,
+        missed_flaps=missed_flaps,
         false_detections=false_detections,
         false_isolation_causes=causes,
         group_detections=len(group_episodes),
