@@ -14,7 +14,16 @@ sessions, drain, quarantine. What a verdict asks for:
   filled device by device, and past the caps up to the pool's panic share: it
   serves nothing now, and traffic sent to it fails;
 - ``dying`` -> drain, one rung up per ``step_dwell_s`` (hysteresis: the
-  evidence must hold while the device is already lightened);
+  evidence must hold while the device is already lightened). A step the
+  guardrail refused waits, asked again every ``retry_s``; when room comes it is
+  taken only if its evidence has not receded meanwhile: a step held back by the
+  caps does not land as its cause ends (a node whose cooling is fixed, drained
+  as its temperature falls back). Receded: every measured signal over its
+  threshold now has fallen more than its threshold below its highest while the
+  step waited (the threshold is the detector's own noise scale; a count such as
+  slow probes in a row never recedes). Such a step is refused with reason
+  ``receded`` and asked again while the evidence holds; the device stays where it
+  is;
 - ``suspect`` -> hold where it is; ``healthy`` -> once healthy for
   ``probation_s`` without a relapse, restore.
 
@@ -41,13 +50,20 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum, StrEnum
 
 from controllers.guardrail import Guardrail, GuardReason, Proposal
 from schemas.commands import RouteAction
-from schemas.verdicts import HARD_CONFIRMED, SILENCE_SIGNALS, HealthStatus, Level, Verdict
+from schemas.verdicts import (
+    COUNTED_SIGNALS,
+    HARD_CONFIRMED,
+    SILENCE_SIGNALS,
+    HealthStatus,
+    Level,
+    Verdict,
+)
 
 NODE_LOST = SILENCE_SIGNALS[0]  # the node's heartbeat lost: every device of it silent
 
@@ -79,6 +95,7 @@ class LadderReason(StrEnum):
     RECOVERED = "recovered"
     COMMON_MODE = "common_mode"  # a group's devices deviate together: no device isolated
     NODE_FAULT = "node_fault"  # a node's devices deviate together: the node drained as one
+    RECEDED = "receded"  # a refused step's evidence fell back while it waited: not taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +131,9 @@ class LadderDecision:
 
 @dataclass(slots=True)
 class LadderState:
-    """Where one device stands: its rung since when, its probation, its last refusal."""
+    """Where one device stands: its rung since when, its probation, its last refusal, and
+    while a refused step waits, each measured signal's highest value since (not kept across
+    a restart: a resumed ladder starts the wait afresh from the verdict it sees)."""
 
     verdict: Verdict
     rung: Rung = Rung.ACTIVE
@@ -122,6 +141,7 @@ class LadderState:
     healthy_since: datetime | None = None
     refused_at: datetime | None = None
     refused_for: str = ""
+    waited_peak: dict[str, float] = field(default_factory=dict)
 
 
 class IsolationLadder:
@@ -213,6 +233,10 @@ class IsolationLadder:
         ):
             state.refused_at = None  # new or fresh evidence: a refused step may be asked again
         state.verdict = verdict
+        if not worse:
+            state.waited_peak.clear()  # healthy: nothing waits
+        elif state.waited_peak:
+            _remember(state.waited_peak, verdict)
         return state
 
     def tick(self, now: datetime) -> list[LadderDecision]:
@@ -249,10 +273,19 @@ class IsolationLadder:
             return []
         if self._retry_pending(state, now):
             return []
-        guard = self.guard.check(Proposal(node, isolate=True, members=members), now=now)
         drain = RouteAction.DRAIN
+        held = _held(state, now)
+        if held:
+            return [
+                LadderDecision(
+                    node, drain, Rung.DRAINED, False, LadderReason.RECEDED.value, held, v,
+                    unit=Level.NODE,
+                )
+            ]  # fmt: skip
+        guard = self.guard.check(Proposal(node, isolate=True, members=members), now=now)
         if not guard.allowed:
             state.refused_at, state.refused_for = now, guard.reason.value
+            _remember(state.waited_peak, v)
             return [
                 LadderDecision(
                     node, drain, Rung.DRAINED, False, guard.reason.value, guard.message, v,
@@ -260,6 +293,7 @@ class IsolationLadder:
                 )
             ]  # fmt: skip
         state.rung, state.rung_at, state.refused_at = Rung.DRAINED, now, None
+        state.waited_peak.clear()
         message = f"{v.attribution}; the node's {len(members)} devices drained as one unit"
         return [
             LadderDecision(
@@ -302,6 +336,13 @@ class IsolationLadder:
         if hard and device.refused_at is not None and latched(v):
             return []  # refused once; retried only while the device still reports it
         rung = target if hard else Rung(device.rung + 1)
+        held = "" if hard else _held(device, now)
+        if held:
+            return [
+                LadderDecision(
+                    device_uuid, ACTION[rung], rung, False, LadderReason.RECEDED.value, held, v
+                )
+            ]
         members = self._lost_node(v)
         if members:
             proposal = Proposal(v.node_id, isolate=True, members=members, lost=True)
@@ -310,6 +351,8 @@ class IsolationLadder:
         guard = self.guard.check(proposal, now=now)
         if not guard.allowed:
             device.refused_at, device.refused_for = now, guard.reason.value
+            if not hard:
+                _remember(device.waited_peak, v)
             return [
                 LadderDecision(
                     device_uuid, ACTION[rung], rung, False, guard.reason.value, guard.message, v
@@ -318,6 +361,7 @@ class IsolationLadder:
         if members:
             return self._quarantine_node(device_uuid, members, v, now)
         device.rung, device.rung_at, device.refused_at = rung, now, None
+        device.waited_peak.clear()
         reason = LadderReason.HARD_FAULT if hard else LadderReason.DEGRADING
         return [
             LadderDecision(
@@ -373,6 +417,38 @@ class IsolationLadder:
                 )
             )  # fmt: skip
         return out
+
+
+def _levels(verdict: Verdict) -> dict[str, tuple[float, float]]:
+    """The verdict's measured signals over their threshold: name -> (value, threshold)."""
+    return {
+        s.name: (s.value, s.threshold)
+        for s in verdict.signals
+        if s.name not in COUNTED_SIGNALS and 0 < s.threshold <= s.value
+    }
+
+
+def _remember(peak: dict[str, float], verdict: Verdict) -> None:
+    """Keep each measured signal's highest value while a refused step waits."""
+    for name, (value, _) in _levels(verdict).items():
+        peak[name] = max(value, peak.get(name, value))
+
+
+def _held(state: LadderState, now: datetime) -> str:
+    """Why a waiting step is not taken now (empty: take it): its evidence receded while it
+    waited (see the module's ``dying``). Marks the step refused, to be asked again in
+    ``retry_s`` (it is taken then if the evidence has come back)."""
+    levels = _levels(state.verdict)
+    if not state.waited_peak or not levels:
+        return ""
+    fell: list[str] = []
+    for name, (value, threshold) in levels.items():
+        peak = state.waited_peak.get(name)
+        if peak is None or value > peak - threshold:
+            return ""  # this evidence holds (or is new since the wait began)
+        fell.append(f"{name} {peak:.3g} -> {value:.3g} (threshold {threshold:.3g})")
+    state.refused_at, state.refused_for = now, LadderReason.RECEDED.value
+    return f"not taken: its evidence receded while the step waited: {'; '.join(fell)}"
 
 
 def latched(verdict: Verdict) -> bool:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from models.counts import RateRise
 from schemas.base import AcceleratorType
 from schemas.commands import MAX_CLOCK_SKEW_S
-from schemas.verdicts import HealthStatus, Signal
+from schemas.verdicts import COUNTED_SIGNALS, HealthStatus, Signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +168,7 @@ class EwRegression:
 def counted(name: str) -> bool:
     """Soft signals that count occurrences (probes in a row): one is suspect,
     ``threshold`` of them is sustained by construction."""
-    return name == "probe_slow"
+    return name in COUNTED_SIGNALS
 
 
 def sequential(name: str) -> bool:

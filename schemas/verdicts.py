@@ -67,6 +67,12 @@ Silence (a lost heartbeat, a device gone quiet) is judged on broker time and nev
 them: a partition, a skewed or a stalled agent can fake silence, not an error counter."""
 
 
+COUNTED_SIGNALS = frozenset({"probe_slow"})
+"""Soft signals whose value counts occurrences (slow probes in a row) rather than measures a
+level: one is suspect, ``threshold`` of them sustained; a count that restarts has not
+receded."""
+
+
 SILENCE_SIGNALS = ("heartbeat_lost_s", "device_silent_s")
 """Hard signals of silence: a node's heartbeats lost, a device gone quiet while its node
 reports. Judged on broker time; never confirmed evidence (see :data:`HARD_CONFIRMED`)."""

@@ -276,3 +276,65 @@ def test_lost_nodes_leave_past_the_caps_until_half_the_pool_is_out() -> None:
     assert guard.state.lost == {f"n{k}-gpu{i}" for k in range(4) for i in range(8)}
     restored = GuardrailState.from_json(guard.state.to_json())
     assert (restored.lost, restored.isolated) == (guard.state.lost, guard.state.isolated)
+
+
+def _hot(node: str, celsius: float, at_s: float) -> Verdict:
+    thermal = Signal(name="thermal_resid_celsius", value=celsius, threshold=8.0)
+    slow = Signal(name="probe_slow", value=3, threshold=2)  # a count: it never recedes
+    return _node_verdict(node, HealthStatus.DYING, at_s).model_copy(
+        update={"signals": (thermal, slow)}
+    )
+
+
+def test_a_step_that_waited_behind_the_cap_is_not_taken_once_its_evidence_receded() -> None:
+    """A node overheats while its pool's cap is spent; by the time room comes its cooling is
+    back and its temperature falling: the drain that waited is not taken then, and is taken
+    if the heat comes back."""
+    devices = {f"n1-gpu{i}": ("us-east-h100", "rack-0") for i in range(4)}
+    devices |= {f"n{k}-gpu0": ("us-east-h100", "rack-0") for k in range(2, 10)}
+    guard = Guardrail(GuardrailConfig(rack_max_isolated_ratio=1.0), devices=devices)  # pool: 10%
+    ladder = IsolationLadder(LadderConfig(retry_s=30), guard)
+    for device in sorted(devices):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 0), now=_at(0))
+    dbe = Signal(name="ecc_dbe", value=1, threshold=1)
+    sure = Signal(name=HARD_CONFIRMED, value=2, threshold=2)
+    for device in ("n2-gpu0", "n3-gpu0"):  # two devices out on their own: past the cap (1)
+        failed = _verdict(device, HealthStatus.FAILED, 5).model_copy(
+            update={"signals": (dbe, sure)}
+        )
+        assert ladder.verdict(failed, now=_at(5))[0].allowed
+    [refused] = ladder.verdict(_hot("n1", 16.0, 10), now=_at(10))
+    assert (refused.allowed, refused.reason) == (False, "pool_cap")
+    for at, celsius in ((40, 36.0), (70, 30.0)):  # still held back; the heat peaks at 36 C
+        [again] = ladder.verdict(_hot("n1", celsius, at), now=_at(at))
+        assert (again.allowed, again.reason) == (False, "pool_cap")
+    # the node cools: 36 -> 17 C is more than its 8 C threshold; the step is held, not asked
+    [held] = ladder.verdict(_hot("n1", 17.0, 190), now=_at(190))
+    assert (held.action, held.unit, held.allowed) == (RouteAction.DRAIN, Level.NODE, False)
+    assert held.reason == "receded" and held.reason in REASONS
+    assert "thermal_resid_celsius 36 -> 17 (threshold 8)" in held.message
+    # room comes (n2, n3 restored); the node is still cooling: held again, not drained
+    for device in ("n2-gpu0", "n3-gpu0"):
+        ladder.verdict(_verdict(device, HealthStatus.HEALTHY, 80), now=_at(80))
+    assert [d.action for d in ladder.tick(_at(200))] == [RouteAction.RESTORE] * 2
+    assert ladder.verdict(_hot("n1", 17.5, 210), now=_at(210)) == []  # asked again in retry_s
+    [again] = ladder.verdict(_hot("n1", 18.0, 221), now=_at(221))
+    assert (again.allowed, again.reason) == (False, "receded")
+    assert guard.state.isolated == set()
+    # the heat comes back within its threshold of the peak: the drain is taken
+    [drain] = ladder.verdict(_hot("n1", 29.0, 251), now=_at(251))
+    assert (drain.allowed, drain.reason) == (True, "node_fault")
+    assert guard.state.isolated == {f"n1-gpu{i}" for i in range(4)}
+
+
+def test_a_step_taken_without_waiting_is_judged_on_its_evidence_alone() -> None:
+    """A step the guardrail never refused has no wait to recede over: a device whose
+    evidence falls but stays over its threshold steps up its ladder as before."""
+    ladder = _ladder(step_dwell_s=0)
+    tpot = "tpot_vs_peers_log"
+    for at, value in ((0, 0.4), (1, 0.12)):
+        signal = Signal(name=tpot, value=value, threshold=0.0953)
+        v = _verdict("n0-gpu0", HealthStatus.DYING, at).model_copy(update={"signals": (signal,)})
+        [step] = ladder.verdict(v, now=_at(at))
+        assert step.allowed
+    assert ladder.rung("n0-gpu0") is Rung.NO_NEW_SESSIONS
