@@ -64,7 +64,7 @@ def _quantile(ordered: list[float], share: float) -> float:
 class Cohort:
     """One cohort's window: its samples in order (value, member, time) and their values sorted."""
 
-    __slots__ = ("_members", "_order", "_sorted", "max_age_s", "newest_s", "window")
+    __slots__ = ("_members", "_order", "_seen", "_sorted", "max_age_s", "newest_s", "window")
 
     def __init__(self, window: int, max_age_s: float = math.inf) -> None:
         self.window = window
@@ -72,6 +72,7 @@ class Cohort:
         self._order: deque[tuple[float, Hashable, float]] = deque()
         self._sorted: list[float] = []
         self._members: dict[Hashable, int] = {}  # member -> its samples in the window
+        self._seen: dict[Hashable, float] = {}  # member -> its newest sample's time
         self.newest_s = -math.inf
 
     @property
@@ -88,6 +89,7 @@ class Cohort:
             self._members[member] = left
         else:
             del self._members[member]
+            self._seen.pop(member, None)
 
     def expire(self, now_s: float) -> None:
         """Drop the samples older than ``max_age_s`` at ``now_s`` (or the newest time seen)."""
@@ -105,10 +107,14 @@ class Cohort:
         self._order.append((value, member, at_s))
         insort(self._sorted, value)
         self._members[member] = self._members.get(member, 0) + 1
+        self._seen[member] = max(at_s, self._seen.get(member, at_s))
 
-    def peers(self, member: Hashable) -> int:
-        """Distinct members in the window other than ``member``."""
-        return len(self._members) - (member in self._members)
+    def peers(self, member: Hashable, since_s: float = -math.inf) -> int:
+        """Distinct members in the window other than ``member`` (with a sample since
+        ``since_s``)."""
+        if since_s == -math.inf:
+            return len(self._members) - (member in self._members)
+        return sum(1 for m, at in self._seen.items() if m != member and at >= since_s)
 
     @property
     def median(self) -> float:
@@ -122,7 +128,12 @@ class Cohort:
 
 
 class Cohorts:
-    """Cohorts by key; ``sigma_floor`` keeps a very uniform cohort from flagging noise."""
+    """Cohorts by key; ``sigma_floor`` keeps a very uniform cohort from flagging noise.
+
+    A value is scored once its cohort holds ``min_samples`` and ``min_peers`` other
+    members; with ``fresh_s``, only members with a sample in the last ``fresh_s`` count as
+    peers (a cohort whose other members all stopped teaching it, capped, drained or slow
+    themselves, is a record of the past, not peers)."""
 
     def __init__(
         self,
@@ -132,16 +143,20 @@ class Cohorts:
         min_peers: int = 3,
         sigma_floor: float,
         max_age_s: float = math.inf,
+        fresh_s: float = math.inf,
     ) -> None:
         if window < 1 or min_samples > window:
             raise ValueError(f"window {window} must hold min_samples {min_samples}")
         if not max_age_s > 0:
             raise ValueError(f"max_age_s must be positive, not {max_age_s}")
+        if not fresh_s > 0:
+            raise ValueError(f"fresh_s must be positive, not {fresh_s}")
         self.window = window
         self.min_samples = min_samples
         self.min_peers = min_peers
         self.sigma_floor = sigma_floor
         self.max_age_s = max_age_s
+        self.fresh_s = fresh_s
         self._cohorts: dict[Hashable, Cohort] = {}
 
     def __len__(self) -> int:
@@ -153,17 +168,28 @@ class Cohorts:
         """How far ``member``'s ``value`` sits from its peers; ``None`` while there are too few."""
         if not math.isfinite(value):
             return None
+        cohort = self._ready(key, member, at_s)
+        if cohort is None:
+            return None
+        sigma = max(cohort.sigma, self.sigma_floor)
+        peers = cohort.peers(member, at_s - self.fresh_s)
+        return PeerScore(value - cohort.median, sigma, cohort.samples, peers)
+
+    def ready(self, key: Hashable, member: Hashable = None, *, at_s: float) -> bool:
+        """Whether ``key``'s cohort could score ``member`` at ``at_s`` (enough samples, and
+        peers fresh then): a score taken earlier is only as good as its peers are now."""
+        return self._ready(key, member, at_s) is not None
+
+    def _ready(self, key: Hashable, member: Hashable, at_s: float) -> Cohort | None:
         cohort = self._cohorts.get(key)
         if cohort is None:
             return None
         cohort.expire(at_s)
         if cohort.samples < self.min_samples:
             return None
-        peers = cohort.peers(member)
-        if peers < self.min_peers:
+        if cohort.peers(member, at_s - self.fresh_s) < self.min_peers:
             return None
-        sigma = max(cohort.sigma, self.sigma_floor)
-        return PeerScore(value - cohort.median, sigma, cohort.samples, peers)
+        return cohort
 
     def learn(self, key: Hashable, value: float, member: Hashable = None, *, at_s: float) -> None:
         if not math.isfinite(value):

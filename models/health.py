@@ -41,8 +41,14 @@ threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
   not news and one that became 15% slow is. A band's peers are its samples of
   the last ``tpot_peer_age_s``: traffic leaves and re-enters bands, and a band
   left before a rollout would otherwise judge the first device back in it by
-  the TPOT of before. (Probes and temperature are per accelerator type, which
-  every device of the type feeds all the time: their windows are counts only.)
+  the TPOT of before. Its peers are the devices that taught it within the last
+  ``tpot_peer_fresh_s`` (the time a device is held over before it is dying),
+  counted when a reading is judged, not when its sample came: a cohort whose
+  other devices stopped teaching it (capped, drained, slow themselves) is a
+  record of the past. A device whose newest sample's band cannot score it has
+  no TPOT reading: the excess it had in its band of before is not now's.
+  (Probes and temperature are per accelerator type, which every device of the
+  type feeds all the time: their windows are counts only.)
 - ``probe_vs_peers``: GEMM probe throughput (over the clock ratio) against the
   accelerator type's probes, two slow probes in a row. The newest probe's gap is
   taken against the peers as they read now, not as they read when it came in:
@@ -135,7 +141,11 @@ class HealthDetector:
         self.lost_nodes: set[str] = set()
         self.future_dated = 0  # samples dated past broker time + max_skew_s (clamped)
         self.tpot_peers = Cohorts(
-            window=256, min_samples=40, sigma_floor=0.01, max_age_s=self.config.tpot_peer_age_s
+            window=256,
+            min_samples=40,
+            sigma_floor=0.01,
+            max_age_s=self.config.tpot_peer_age_s,
+            fresh_s=self.config.tpot_peer_fresh_s,
         )
         self.probe_peers = Cohorts(window=128, min_samples=16, sigma_floor=0.01)
         self.thermal_peers = Cohorts(window=512, min_samples=60, sigma_floor=1.0)
@@ -302,11 +312,14 @@ class HealthDetector:
         if d.capped:  # slower by our own hand (a power cap): neither judged nor learned from
             return self._judge(device, d, t, metrics.event_id, appended_at)
         band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
-        key = (metrics.model, d.kind, d.region, band)
+        key = (d.model, d.kind, d.region, band)  # _tpot_cohort's, for the band just run
         x = math.log(metrics.tpot_p50_s * d.clock_ratio)
         peer = self.tpot_peers.score(key, x, device, at_s=t)  # score first, then learn
         over = False
-        if peer is not None:
+        d.tpot_band = band
+        if peer is None:  # a band too few peers ran lately: its excess of before is not now's
+            d.since.pop("tpot_vs_peers_log", None)
+        else:
             dev = peer.deviation
             d.tpot_fast = dev if d.tpot_n == 0 else d.tpot_fast + c.fast_alpha * (dev - d.tpot_fast)
             d.tpot_n += 1
@@ -490,6 +503,28 @@ class HealthDetector:
             self.thermal_peers.learn(device.kind, r, sample.device_uuid, at_s=at_s)
         fit.learn(power, sample.gpu_temp_celsius)
 
+    def _tpot_current(self, device_uuid: str, device: DeviceState, at_s: float) -> bool:
+        """Whether ``device`` has a TPOT reading to judge now: warm, not slowed by our own hand
+        (a cap), scored not ``tpot_stale_s`` ago, and its newest sample's cohort able to
+        score it now, with peers fresh now (``tpot_peer_fresh_s``). A batch band few peers
+        ran lately cannot say, and the excess a device had in its band of before is not
+        now's: a few seconds into a rollout, before the old band's reference caught up, the
+        load moving to a band no peer ran would hold the device at that excess. And a score
+        is only as good as its peers are when it is judged: the peers that taught the cohort
+        when the sample came may have stopped since (capped, drained, slow themselves)."""
+        c = self.config
+        return (
+            not device.capped
+            and at_s - device.tpot_seen_s <= c.tpot_stale_s
+            and device.tpot_n > c.warmup_samples
+            and self.tpot_peers.ready(self._tpot_cohort(device), device_uuid, at_s=at_s)
+        )
+
+    @staticmethod
+    def _tpot_cohort(device: DeviceState) -> Hashable:
+        """The TPOT cohort of ``device``'s newest sample."""
+        return (device.model, device.kind, device.region, device.tpot_band)
+
     def _tpot_excess(self, device: DeviceState) -> float:
         return device.tpot_fast - device.tpot_history
 
@@ -522,7 +557,9 @@ class HealthDetector:
             return device.probe_slow
         return 0
 
-    def _soft(self, device: DeviceState, name: str, at_s: float) -> Reading | None:
+    def _soft(
+        self, device_uuid: str, device: DeviceState, name: str, at_s: float
+    ) -> Reading | None:
         """One of the soft signals a group may share, as ``device`` reads now (None: it has
         no current reading of it)."""
         c = self.config
@@ -532,11 +569,7 @@ class HealthDetector:
                 value = max(value, threshold)
             return Reading(name=name, value=value, threshold=threshold)
         if name == "tpot_vs_peers_log":
-            if (
-                device.capped
-                or at_s - device.tpot_seen_s > c.tpot_stale_s
-                or device.tpot_n <= c.warmup_samples
-            ):
+            if not self._tpot_current(device_uuid, device, at_s):
                 return None
             return Reading(name, self._tpot_excess(device), self._tpot_threshold(device))
         if name == "probe_slow":
@@ -551,7 +584,7 @@ class HealthDetector:
         """Whether ``device``'s ``name``, over its threshold, is a deviation its groups share."""
         if not self.config.common_mode:
             return False
-        reading = self._soft(device, name, at_s)
+        reading = self._soft(device_uuid, device, name, at_s)
         return reading is not None and self.common.explain(device_uuid, reading, at_s) is not None
 
     def _reading_of(self, device_uuid: str, name: str, at_s: float) -> Reading | None:
@@ -561,9 +594,11 @@ class HealthDetector:
             return None
         if device.status is HealthStatus.FAILED:
             return None  # a failed device's readings say nothing about its group
-        return self._soft(device, name, at_s)
+        return self._soft(device_uuid, device, name, at_s)
 
-    def signals(self, device: DeviceState, at_s: float) -> tuple[list[Reading], list[Reading]]:
+    def signals(
+        self, device_uuid: str, device: DeviceState, at_s: float
+    ) -> tuple[list[Reading], list[Reading]]:
         """(hard signals firing, soft signals evaluated), each as value against threshold:
         plain readings, made into verdict signals only when a verdict is emitted."""
         c = self.config
@@ -596,11 +631,7 @@ class HealthDetector:
         if device.thermal_hot:
             thermal = max(thermal, threshold)
         soft.append(Reading("thermal_resid_celsius", thermal, threshold))
-        if (
-            not device.capped  # slow by our own hand: not judged (nor learned from)
-            and at_s - device.tpot_seen_s <= c.tpot_stale_s
-            and device.tpot_n > c.warmup_samples
-        ):
+        if self._tpot_current(device_uuid, device, at_s):
             excess, limit = self._tpot_excess(device), self._tpot_threshold(device)
             soft.append(Reading("tpot_vs_peers_log", excess, limit))
         soft.append(Reading("probe_slow", self._probe_streak(device, at_s), 2))
@@ -616,7 +647,7 @@ class HealthDetector:
         appended_at: datetime | None,
     ) -> list[Verdict]:
         c = self.config
-        hard, soft = self.signals(device, at_s)
+        hard, soft = self.signals(device_uuid, device, at_s)
         over = []
         shared: list[tuple[Reading, Shared]] = []
         for s in soft:

@@ -39,6 +39,12 @@ class HealthConfig:
     # rollout since, which would read as the first device back in it being slow. At 1-s
     # serving stats a band of four devices holds 240 samples in it, so a busy band is unchanged
     tpot_peer_age_s: float = 60.0
+    # and its peers are the devices that taught it within tpot_peer_fresh_s, the time a
+    # device is held over before it is dying (sustain_s): a device slow that long was slow
+    # against peers seen meanwhile, not against a record of peers since capped, drained or
+    # slow themselves (the reference of before a rollout, when the rollout's other devices
+    # stopped teaching the cohort)
+    tpot_peer_fresh_s: float = 10.0
     probe_margin_ratio: float = 0.10
     peer_z: float = 4.0
     fast_alpha: float = 0.3
@@ -131,7 +137,8 @@ class DeviceState:
     tpot_fast: float = 0.0
     tpot_history: float = 0.0
     tpot_n: int = 0
-    tpot_seen_s: float = -math.inf
+    tpot_seen_s: float = -math.inf  # event time of its newest sample its peers scored
+    tpot_band: int = -1  # the load band of its newest sample (its cohort: model, type, region)
     tpot_sigma: float = 0.0
     model: str = ""  # the model it serves, as its serving metrics last said
     served_s: float = -math.inf  # event time of the newest serving sample judged

@@ -224,11 +224,11 @@ def test_a_groups_readings_are_the_devices_own() -> None:
     feed_detector(det, sim, 120)
     at_s = sim.now.timestamp()
     compared = 0
-    for device in det.devices.values():
-        _, soft = det.signals(device, at_s)
+    for uuid, device in det.devices.items():
+        _, soft = det.signals(uuid, device, at_s)
         for reading in soft:
             if reading.name != "ecc_sbe_rise":
-                assert det._soft(device, reading.name, at_s) == reading
+                assert det._soft(uuid, device, reading.name, at_s) == reading
                 compared += 1
     assert compared > 3 * len(det.devices)  # tpot too, where the device serves
 

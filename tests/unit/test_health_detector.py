@@ -219,7 +219,7 @@ def test_one_correctable_error_on_a_healthy_device_is_not_suspect() -> None:
     total = (before.ecc_sbe_volatile_total or 0) + 1
     one = before.model_copy(update={"observed_at": later, "ecc_sbe_volatile_total": total})
     det.accelerator(one)
-    _, soft = det.signals(det.devices[device.uuid], later.timestamp())
+    _, soft = det.signals(device.uuid, det.devices[device.uuid], later.timestamp())
     [ecc] = [s for s in soft if s.name == "ecc_sbe_rise"]
     assert 0 < ecc.value < ecc.threshold  # counted as evidence, far from a storm
     assert det.devices[device.uuid].status is HealthStatus.HEALTHY
@@ -261,6 +261,34 @@ def _fleet_second(sim: Simulation, det: HealthDetector, tick: int) -> list[Verdi
     ]
 
 
+def _serve(
+    det: HealthDetector, sim: Simulation, template: ServingMetrics, *, batch: int, tpot: float
+) -> list[Verdict]:
+    """One serving sample of ``template``'s replica, now, at ``batch`` and ``tpot``."""
+    update = {"observed_at": sim.now, "batch_size": batch, "tpot_p50_s": round(tpot, 6)}
+    return det.serving(template.model_copy(update=update))
+
+
+def _note_flagged(flagged: dict[str, Verdict], verdicts: list[Verdict]) -> None:
+    """Keep each device's first dying or failed verdict."""
+    for v in verdicts:
+        if v.level is Level.DEVICE and v.status in (HealthStatus.DYING, HealthStatus.FAILED):
+            flagged.setdefault(v.device_uuid, v)
+
+
+def _one_model_by_node(sim: Simulation, det: HealthDetector) -> list[list[ServingMetrics]]:
+    """The replicas of the fleet's most common accelerator type in its region, by node, each
+    made to serve one model (their serving samples are the test's)."""
+    templates = _serving_templates(sim, det)
+    places = Counter((t.accelerator_type, t.region) for t in templates.values())
+    kind, region = places.most_common(1)[0][0]
+    by_node: dict[str, list[ServingMetrics]] = {}
+    for t in sorted(templates.values(), key=lambda t: t.device_uuid or ""):
+        if (t.accelerator_type, t.region) == (kind, region):
+            by_node.setdefault(t.node_id, []).append(t.model_copy(update={"model": "llama-3-70b"}))
+    return list(by_node.values())
+
+
 def _band_move(config: HealthConfig) -> dict[str, Verdict]:
     """Eight replicas of one model on one accelerator type in one region (four on each of two
     nodes), half at batch 48 and half at
@@ -270,14 +298,8 @@ def _band_move(config: HealthConfig) -> dict[str, Verdict]:
     itself is the cohort's verdict)."""
     sim = _sim(nodes=16)
     det = HealthDetector(config)
-    templates = _serving_templates(sim, det)
-    places = Counter((t.accelerator_type, t.region) for t in templates.values())
-    kind, region = places.most_common(1)[0][0]
-    by_node: dict[str, list[ServingMetrics]] = {}
-    for t in sorted(templates.values(), key=lambda t: t.device_uuid or ""):
-        if (t.accelerator_type, t.region) == (kind, region):
-            by_node.setdefault(t.node_id, []).append(t.model_copy(update={"model": "llama-3-70b"}))
-    replicas = [t for node in list(by_node.values())[:2] for t in node[:4]]  # four on each of two
+    by_node = _one_model_by_node(sim, det)
+    replicas = [t for node in by_node[:2] for t in node[:4]]  # four on each of two
     assert len(replicas) == 8
     noise = random.Random(7)
     flagged: dict[str, Verdict] = {}
@@ -289,18 +311,10 @@ def _band_move(config: HealthConfig) -> dict[str, Verdict]:
             moved = second >= 180 and i in (0, 4)  # one replica on each node
             batch = 32 if moved or (i % 2 and not rollout) else 48
             tpot = 0.030 * (1.0 + 0.06 * (batch == 48)) * (1.14 if rollout else 1.0)
-            sample = template.model_copy(
-                update={
-                    "observed_at": sim.now,
-                    "batch_size": batch,
-                    "tpot_p50_s": round(tpot * (1.0 + noise.gauss(0.0, 0.01)), 6),
-                }
-            )
-            verdicts += det.serving(sample)
+            noisy = tpot * (1.0 + noise.gauss(0.0, 0.01))
+            verdicts += _serve(det, sim, template, batch=batch, tpot=noisy)
         verdicts += det.tick(sim.now)
-        for v in verdicts:
-            if v.level is Level.DEVICE and v.status in (HealthStatus.DYING, HealthStatus.FAILED):
-                flagged.setdefault(v.device_uuid, v)
+        _note_flagged(flagged, verdicts)
     return flagged
 
 
@@ -308,10 +322,66 @@ def test_a_load_band_no_device_ran_in_since_a_rollout_is_learned_afresh() -> Non
     # the two replicas are no slower than their peers: the band they return to holds the
     # model's TPOT of before the rollout, and only samples of the last minute are peers
     assert _band_move(HealthConfig()) == {}
-    # judged against the band's old samples, both would read the rollout's 14% as theirs
-    stale = _band_move(HealthConfig(tpot_peer_age_s=math.inf))
+    # judged against the band's old samples (and its peers of then), both would read the
+    # rollout's 14% as theirs
+    stale = _band_move(HealthConfig(tpot_peer_age_s=math.inf, tpot_peer_fresh_s=math.inf))
     assert len(stale) == 2
     assert all("tpot_vs_peers_log" in v.evidence for v in stale.values())
+
+
+def _rollout_pairs(
+    config: HealthConfig, *, peers_leave: bool, seconds: int = 180
+) -> tuple[dict[str, Verdict], HealthDetector, list[str]]:
+    """Four replicas of one model on one accelerator type in one region, two on each of two
+    nodes, at batch 48; from 63 s a rollout slows the model 14% on all four. With
+    ``peers_leave``, the second node's two run a batch of their own from 60 s (load moved,
+    or capped: they no longer teach the batch-48 cohort); else the first node's two move to
+    a batch no replica ran from 68 s, a few seconds into the rollout, while the old band's
+    reference still lags it. The devices the detector flagged in ``seconds``, the detector,
+    and the first node's two."""
+    sim = _sim(nodes=16)
+    det = HealthDetector(config)
+    by_node = _one_model_by_node(sim, det)
+    first, second = (node[:2] for node in by_node[:2])
+    noise = random.Random(5)
+    flagged: dict[str, Verdict] = {}
+    for tick in range(seconds):
+        verdicts = _fleet_second(sim, det, 5 + tick)
+        for template in first + second:
+            if template in first:
+                alone = not peers_leave and tick >= 68
+            else:
+                alone = peers_leave and tick >= 60
+            slow = 1.14 if tick >= 63 else 1.0
+            batch = (96 if template in first else 20) if alone else 48
+            tpot = 0.030 * slow * (1.0 + noise.gauss(0.0, 0.01))
+            verdicts += _serve(det, sim, template, batch=batch, tpot=tpot)
+        verdicts += det.tick(sim.now)
+        _note_flagged(flagged, verdicts)
+    return flagged, det, [t.device_uuid or "" for t in first]
+
+
+def test_a_replica_whose_peers_stopped_teaching_its_cohort_is_not_judged_against_them() -> None:
+    # the peers of before (their samples still in the cohort's minute) are not peers now:
+    # the two replicas left have no one to be slower than, and are not judged on TPOT
+    assert _rollout_pairs(HealthConfig(), peers_leave=True)[0] == {}
+    # counted as peers, the record of before reads the rollout's 14% as theirs
+    stale, _, first = _rollout_pairs(HealthConfig(tpot_peer_fresh_s=math.inf), peers_leave=True)
+    assert set(stale) == set(first)
+    assert all("tpot_vs_peers_log" in v.evidence for v in stale.values())
+
+
+def test_a_replica_moved_to_a_band_no_peer_ran_keeps_no_excess_from_its_old_band() -> None:
+    # the excess a replica had in its old band, a few seconds into a rollout, is not what it
+    # is in a band no peer ran: it has no TPOT reading there, and is not judged on it
+    flagged, det, first = _rollout_pairs(HealthConfig(), peers_leave=False, seconds=75)
+    assert flagged == {}
+    at_s = max(d.served_s for d in det.devices.values())
+    for uuid in first:
+        device = det.devices[uuid]
+        assert device.tpot_fast > det._tpot_threshold(device)  # its old band's excess, kept
+        _, soft = det.signals(uuid, device, at_s)
+        assert "tpot_vs_peers_log" not in {r.name for r in soft}
 
 
 def _regional_rollout(config: HealthConfig) -> tuple[dict[str, Verdict], str]:
@@ -336,18 +406,10 @@ def _regional_rollout(config: HealthConfig) -> tuple[dict[str, Verdict], str]:
         verdicts = _fleet_second(sim, det, 5 + second)
         for template in replicas:
             ratio = slow.get(template.device_uuid, 1.0) if second >= 60 else 1.0
-            sample = template.model_copy(
-                update={
-                    "observed_at": sim.now,
-                    "batch_size": 48,
-                    "tpot_p50_s": round(0.030 * ratio * (1.0 + noise.gauss(0.0, 0.01)), 6),
-                }
-            )
-            verdicts += det.serving(sample)
+            tpot = 0.030 * ratio * (1.0 + noise.gauss(0.0, 0.01))
+            verdicts += _serve(det, sim, template, batch=48, tpot=tpot)
         verdicts += det.tick(sim.now)
-        for v in verdicts:
-            if v.level is Level.DEVICE and v.status in (HealthStatus.DYING, HealthStatus.FAILED):
-                flagged.setdefault(v.device_uuid, v)
+        _note_flagged(flagged, verdicts)
     return flagged, big[0].device_uuid or ""
 
 
