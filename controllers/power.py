@@ -12,7 +12,8 @@ and its devices (draw, cap, cap range, criticality):
   taken for a trend: a draw that does go over is caught by the reading that
   shows it, and a rack's readings close its period early): caps go down on
   the least critical devices first (most drawing first among equals), each
-  no lower than its minimum; what caps cannot take, low-clock mode takes;
+  no lower than its minimum; what caps cannot take, low-clock mode takes
+  (for a need of at least ``MIN_ACTION_WATTS``, as a cap is moved);
   what neither can, the rack's deferrable batch work moved to a pool with
   headroom (:data:`PowerReason.MOVE_BATCH`); and where the rack would still
   stay over its limit (a tripped breaker takes every device down), caps go
@@ -58,6 +59,11 @@ from typing import Any
 
 from controllers.clock import instant
 
+MIN_ACTION_WATTS = 0.5
+"""The least a lever is pulled for: a cap moved by less, or low-clock mode for a need of
+less (a reading a hair over the target after caps sized to it exactly: caps are set to
+0.1 W), is no action."""
+
 
 class PowerReason(StrEnum):
     OVER_TARGET = "over_target"  # caps or clocks lowered
@@ -89,7 +95,7 @@ class DevicePower:
 
     @property
     def capped(self) -> bool:
-        return self.cap_watts < self.max_cap_watts - 0.5
+        return self.cap_watts < self.max_cap_watts - MIN_ACTION_WATTS
 
     @property
     def held(self) -> bool:
@@ -296,11 +302,11 @@ class PowerController:
                 break
             now_cap = min(d.cap_watts, d.draw_watts)
             new_cap = max(d.min_cap_watts, now_cap - left)
-            if new_cap < d.cap_watts - 0.5:
+            if new_cap < d.cap_watts - MIN_ACTION_WATTS:
                 left -= max(0.0, d.draw_watts - new_cap)
                 actions.append(PowerAction(d.uuid, PowerLever.CAP, round(new_cap, 1)))
         for d in order:
-            if left <= 0:
+            if left < MIN_ACTION_WATTS:
                 break
             if not d.low_clock:
                 left -= self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
@@ -313,10 +319,10 @@ class PowerController:
         for d in order:
             if over_limit <= 0:
                 break
-            if d.floor_watts is not None and d.floor_watts < d.min_cap_watts - 0.5:
+            if d.floor_watts is not None and d.floor_watts < d.min_cap_watts - MIN_ACTION_WATTS:
                 deeper = max(d.floor_watts, min(d.cap_watts, d.min_cap_watts) - over_limit)
                 saved = min(d.cap_watts, d.min_cap_watts, d.draw_watts) - deeper
-                if saved > 0.5:
+                if saved > MIN_ACTION_WATTS:
                     over_limit -= saved
                     left -= saved
                     actions = [a for a in actions if a.device_uuid != d.uuid or

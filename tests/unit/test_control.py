@@ -202,6 +202,20 @@ def test_power_caps_least_critical_first_and_lifts_with_hysteresis() -> None:
         )
 
 
+def test_power_pulls_no_lever_for_a_hair_over_the_target() -> None:
+    """Caps sized to the target exactly, then a reading 0.04 W over it (caps are set to
+    0.1 W): no device goes to low-clock mode for that; a need of watts still does."""
+    limit = 5000.0
+    target = PowerConfig().target_ratio * limit
+    held = [DevicePower(f"d{i}", 0, target / 8, target / 8, target / 8, 700.0) for i in range(8)]
+    ctl = PowerController(PowerConfig())
+    ctl.step(now=at(0.0), draw_watts=target, limit_watts=limit, devices=held)
+    hair = ctl.step(now=at(1.0), draw_watts=target + 0.04, limit_watts=limit, devices=held)
+    assert hair.actions == ()
+    need = ctl.step(now=at(2.0), draw_watts=target + 20.0, limit_watts=limit, devices=held)
+    assert [a.lever for a in need.actions] == [PowerLever.LOW_CLOCK]
+
+
 def test_power_guard_sees_a_ramp_before_the_limit() -> None:
     ctl = PowerController(PowerConfig())
     reasons = [ctl.step(now=at(float(k)), draw_watts=3000 + 250 * k, limit_watts=5000,
