@@ -168,11 +168,11 @@ class Cohorts:
         """How far ``member``'s ``value`` sits from its peers; ``None`` while there are too few."""
         if not math.isfinite(value):
             return None
-        cohort = self._ready(key, member, at_s)
-        if cohort is None:
+        ready = self._ready(key, member, at_s)
+        if ready is None:
             return None
+        cohort, peers = ready
         sigma = max(cohort.sigma, self.sigma_floor)
-        peers = cohort.peers(member, at_s - self.fresh_s)
         return PeerScore(value - cohort.median, sigma, cohort.samples, peers)
 
     def ready(self, key: Hashable, member: Hashable = None, *, at_s: float) -> bool:
@@ -180,16 +180,18 @@ class Cohorts:
         peers fresh then): a score taken earlier is only as good as its peers are now."""
         return self._ready(key, member, at_s) is not None
 
-    def _ready(self, key: Hashable, member: Hashable, at_s: float) -> Cohort | None:
+    def _ready(self, key: Hashable, member: Hashable, at_s: float) -> tuple[Cohort, int] | None:
+        """``key``'s cohort and ``member``'s fresh peers in it, when it can score now."""
         cohort = self._cohorts.get(key)
         if cohort is None:
             return None
         cohort.expire(at_s)
         if cohort.samples < self.min_samples:
             return None
-        if cohort.peers(member, at_s - self.fresh_s) < self.min_peers:
+        peers = cohort.peers(member, at_s - self.fresh_s)
+        if peers < self.min_peers:
             return None
-        return cohort
+        return cohort, peers
 
     def learn(self, key: Hashable, value: float, member: Hashable = None, *, at_s: float) -> None:
         if not math.isfinite(value):

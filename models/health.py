@@ -311,12 +311,11 @@ class HealthDetector:
         # same sample (a smoothed request rate lags a shift of traffic and fakes slowness)
         if d.capped:  # slower by our own hand (a power cap): neither judged nor learned from
             return self._judge(device, d, t, metrics.event_id, appended_at)
-        band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
-        key = (d.model, d.kind, d.region, band)  # _tpot_cohort's, for the band just run
+        d.tpot_band = round(math.log(max(metrics.batch_size, 1)) / LOAD_BAND_BASE)
+        key = self._tpot_cohort(d)
         x = math.log(metrics.tpot_p50_s * d.clock_ratio)
         peer = self.tpot_peers.score(key, x, device, at_s=t)  # score first, then learn
         over = False
-        d.tpot_band = band
         if peer is None:  # a band too few peers ran lately: its excess of before is not now's
             d.since.pop("tpot_vs_peers_log", None)
         else:
