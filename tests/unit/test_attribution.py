@@ -99,7 +99,8 @@ def test_a_device_beyond_its_hot_node_is_still_its_own() -> None:
     common = _common(values)
     hot = Reading("thermal_resid_celsius", 10.0, 8.0)
     explained = common.explain("d0", hot, 0.0)
-    assert explained is not None and explained.key == GroupKey("rack", "r1")  # the broadest
+    # the broadest, even where the rack reads no further than the node (models.attribution)
+    assert explained is not None and explained.key == GroupKey("rack", "r1")
     assert common.explain("d7", Reading("thermal_resid_celsius", 25.0, 8.0), 0.0) is None
 
 
