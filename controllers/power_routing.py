@@ -29,9 +29,14 @@ noise moves nothing) takes ``gain`` of the model's step (in ratio: a capped
 device's clock rises as its load falls, so the whole step overshoots; a rise
 takes half that, as the clock falls again when load comes back), sent only
 when the whole step is over ``tolerance`` and the damped one over half of it
-(a sliver a period would be an action a period); weights fall
-at once (a held replica breaches now), rise at most ``max_rise_ratio`` a
-period (a lower weight may be what keeps its rack under its limit), never
+(a sliver a period would be an action a period). When the pool is crowded
+(its mandatory work waits, and no optional work is left to give up) a held
+replica's rise is taken as a fall is, at ``gain`` and whenever the whole step
+is over ``tolerance``: what it could carry and does not is then the queue's
+growth, and a damped rise under half the tolerance, never sent, would leave it
+a few percent short for good. Weights fall at once (a held replica breaches
+now), rise at most ``max_rise_ratio`` a period (a lower weight may be what
+keeps its rack under its limit), never
 while its cap is at the driver's floor, and never go under ``min_weight``. A
 replica on a rack the power side leaves over its limit with every lever spent
 sheds the share of its pool's draw there that the rack is over, at once, once a
@@ -132,19 +137,28 @@ class PowerRouter:
         return [u for (p, u), w in self.weights.items() if p == pool and w < 1.0]
 
     def step(
-        self, pool: str, replicas: list[ReplicaServing], *, doubling_batch: float
+        self,
+        pool: str,
+        replicas: list[ReplicaServing],
+        *,
+        doubling_batch: float,
+        crowded: bool = False,
     ) -> list[ReplicaWeight]:
         """One period of a pool: the weight changes to send. A replica's peers are the
-        pool's replicas of the same model."""
+        pool's replicas of the same model. ``crowded``: the pool's mandatory work waits
+        with no optional work left to give up (a held replica's unused share is then the
+        queue's growth: it rises by its whole step)."""
         if not self.config.enabled:
             return []
         models: dict[str, list[ReplicaServing]] = {}
         for r in replicas:
             models.setdefault(r.model, []).append(r)
-        return [w for group in models.values() for w in self._step(pool, group, doubling_batch)]
+        return [
+            w for group in models.values() for w in self._step(pool, group, doubling_batch, crowded)
+        ]
 
     def _step(
-        self, pool: str, replicas: list[ReplicaServing], doubling_batch: float
+        self, pool: str, replicas: list[ReplicaServing], doubling_batch: float, crowded: bool
     ) -> list[ReplicaWeight]:
         c = self.config
         known = [r for r in replicas if r.known and r.batch > 0]
@@ -170,7 +184,9 @@ class PowerRouter:
             else:
                 ratio = factor / reference
                 # a held device's clock falls as its load rises: a rise takes half the step
-                gain = c.gain / 2 if ratio > 1 else c.gain
+                # (in a crowded pool, as much as a fall: what it could carry and does not
+                # waits, and a step over the tolerance is always taken)
+                gain = c.gain / 2 if ratio > 1 and not crowded else c.gain
                 desired = min(1.0, now * ratio**gain)
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
                 desired, new = 1.0, min(1.0, now * c.max_rise_ratio)
@@ -186,7 +202,8 @@ class PowerRouter:
                 send = abs(new - now) >= STEP and (
                     ratio <= 0
                     or (abs(math.log(ratio)) >= math.log1p(c.tolerance)
-                        and abs(math.log(new / now)) >= math.log1p(c.tolerance / 2))
+                        and (crowded
+                             or abs(math.log(new / now)) >= math.log1p(c.tolerance / 2)))
                 )  # fmt: skip
                 reason = PowerRouteReason.CAPPED
             if send:

@@ -296,7 +296,9 @@ class ControlPlanner(ThrottleIssuer):
         replicas = list(pool.replicas.values())
         pool.tpot, pool.replicas = {}, {}
         before, target = pool.capacity.budget, pool.guard.target
-        b = self._guard(pool, tpot, replicas, mandatory=before == 0.0)
+        # work waiting on average over the period, on a replica whose batch target binds
+        waiting = any(r.queue >= r.reports and r.batch_peak >= target for r in replicas)
+        b = self._guard(pool, tpot, replicas, mandatory=before == 0.0, waiting=waiting)
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first; and what it held, on average over the period. At
         # the speed over the period; at the speed now in a period the guard saw the tokens
@@ -359,10 +361,18 @@ class ControlPlanner(ThrottleIssuer):
                 extra={"desired": float(b.target), "applied": float(b.target)},
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
-        return out + self._route_replicas(name, end, replicas)
+        # mandatory work waits with no optional work left to give up: capacity is the SLO
+        crowded = waiting and before == 0.0 and d.applied == 0.0
+        return out + self._route_replicas(name, end, replicas, crowded=crowded)
 
     def _guard(
-        self, pool: _Pool, tpot: float | None, replicas: list[ReplicaLoad], *, mandatory: bool
+        self,
+        pool: _Pool,
+        tpot: float | None,
+        replicas: list[ReplicaLoad],
+        *,
+        mandatory: bool,
+        waiting: bool,
     ) -> BatchDecision:
         """The TPOT guard's step for the period: its batch target."""
         in_use = max((r.batch_peak for r in replicas), default=None)
@@ -377,8 +387,6 @@ class ControlPlanner(ThrottleIssuer):
                 speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
         units = (_by_requests(s, 0.5) for s in speeds.values())
         unit = max((u for u in units if u is not None), default=None)
-        # work waiting on average over the period, on a replica whose cap binds
-        waiting = any(r.queue >= r.reports and r.batch_peak >= pool.guard.target for r in replicas)
         return pool.guard.step(
             tpot_p95_s=tpot, slo_s=self.wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
             mandatory=mandatory,  # no optional work admitted: what waits is mandatory
@@ -429,10 +437,10 @@ class ControlPlanner(ThrottleIssuer):
         )  # fmt: skip
 
     def _route_replicas(
-        self, name: str, end: datetime, replicas: list[ReplicaLoad]
+        self, name: str, end: datetime, replicas: list[ReplicaLoad], *, crowded: bool
     ) -> list[ControlOutput]:
         """The router's weight for each of the pool's replicas whose device our caps hold
-        down (and back to 1 once none does)."""
+        down (and back to 1 once none does); ``crowded``: the pool's mandatory work waits."""
         seen: dict[str, ReplicaServing] = {}
         for r in replicas:
             rack_id = self.power.rack_of(r.device_uuid)
@@ -450,7 +458,7 @@ class ControlPlanner(ThrottleIssuer):
                 rack_id = self.power.rack_of(u) or ""
                 seen[u] = ReplicaServing(u, rack_id, 0.0, 0.0, 0.0, held=self.power.holds(u))
         k = self.wiring.tpot_doubling_batch
-        changes = self.routing.step(name, list(seen.values()), doubling_batch=k)
+        changes = self.routing.step(name, list(seen.values()), doubling_batch=k, crowded=crowded)
         return [self._weight_output(end, name, w) for w in changes]
 
 
