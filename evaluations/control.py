@@ -558,9 +558,15 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
             )
         out[f"over_limit_rack_seconds{suffix}"] = t.over_limit_s
         out[f"actions{suffix}"] = t.actions
-        out[f"actions_per_300s_oscillation{suffix}"] = (
-            round(t.oscillation_actions * 300 / t.oscillation_s, 3) if t.oscillation_s else 0.0
-        )
+        # a scenario with no undisturbed oscillation has no such rate (not a rate of 0: a
+        # family's mean would count it as a calm one); what the rate is taken of is kept, and
+        # a family pools it (a rate over a 79-s window is one action away from 3.8 per 300 s)
+        if t.oscillation_s:
+            out[f"actions_per_300s_oscillation{suffix}"] = round(
+                t.oscillation_actions * 300 / t.oscillation_s, 3
+            )
+        out[f"oscillation_actions{suffix}"] = t.oscillation_actions
+        out[f"oscillation_seconds{suffix}"] = int(t.oscillation_s)
         for key, value in _step_response(scn, t).items():
             out[f"{key}{suffix}"] = None if value is None else round(value, 3)
         if name == "ours":

@@ -303,6 +303,16 @@ def _aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "worst": None if not math.isfinite(worst) else round(worst, 4),
                 "never": len(numbers) - len(finite),
             }
+    for suffix in ("", "_static", "_hpa"):
+        # the oscillations of every seed as one: actions over all their seconds (the mean of
+        # per-seed rates weighs a seed's short window as much as another's long one)
+        seconds = sum(r.get(f"oscillation_seconds{suffix}", 0) for r in results)
+        if seconds:
+            actions = sum(r.get(f"oscillation_actions{suffix}", 0) for r in results)
+            out[f"actions_per_300s_oscillation_pooled{suffix}"] = {
+                "actions": actions, "seconds": seconds,
+                "per_300s": round(actions * 300 / seconds, 4),
+            }  # fmt: skip
     return out
 
 
@@ -320,7 +330,7 @@ def format_family(result: dict[str, Any]) -> str:
         lines.append(
             f"{seed + tuned:<6}{r['slo_attainment']:>9.2%}{r['slo_attainment_oracle']:>9.2%}"
             f"{r['harvest_vs_oracle']:>9.1%}{r['breaker_violations']:>7}"
-            f"{r['actions_per_300s_oscillation']:>10}"
+            f"{r.get('actions_per_300s_oscillation', '-'):>10}"
             f"{_pair(r, 'reaction_periods'):>15}{_pair(r, 'settling_periods'):>16}"
         )
     lines += ["", "held-out seeds: mean / worst (ours; static; HPA-style)"]
@@ -333,6 +343,15 @@ def format_family(result: dict[str, Any]) -> str:
                 cells.append(f"{v['mean']} / {v['worst']}{never}")
         if cells:
             lines.append(f"  {key}: " + "; ".join(cells))
+    pooled = [
+        f"{v['per_300s']} ({v['actions']} in {v['seconds']} s)"
+        for suffix in ("", "_static", "_hpa")
+        if (v := agg.get(f"actions_per_300s_oscillation_pooled{suffix}")) is not None
+    ]
+    if pooled:
+        lines.append(
+            "  actions per 300 s of oscillation, every seed's pooled: " + "; ".join(pooled)
+        )
     return "\n".join(lines)
 
 
