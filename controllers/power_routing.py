@@ -147,7 +147,7 @@ class PowerRouter:
         """One period of a pool: the weight changes to send. A replica's peers are the
         pool's replicas of the same model. ``crowded``: the pool's mandatory work waits
         with no optional work left to give up (a held replica's unused share is then the
-        queue's growth: it rises by its whole step)."""
+        queue's growth: it rises at ``gain``, as it falls)."""
         if not self.config.enabled:
             return []
         models: dict[str, list[ReplicaServing]] = {}

@@ -64,6 +64,8 @@ from schemas.commands import ClockMode, RouteAction, RouteCommand, ThrottleActio
 from schemas.events import AcceleratorTelemetry, PduPhase, PduReading, ServingMetrics
 
 POLICIES = ("ours", "static", "hpa")
+SUFFIXES = ("", "_static", "_hpa")
+"""Each policy's suffix on a result's keys, in :data:`POLICIES`' order (ours has none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,7 +613,7 @@ def format_control(result: dict[str, Any]) -> str:
             else "never"
             if result[key + s] is None
             else fmt.format(result[key + s])
-            for s in ("", "_static", "_hpa")
+            for s in SUFFIXES
         ]
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
     routed = {k: v for k, v in result.get("decisions", {}).items() if k.startswith("power_routing")}

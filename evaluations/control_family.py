@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.sim.family import draw
-from evaluations.control import run_eval_control
+from evaluations.control import SUFFIXES, run_eval_control
 from evaluations.control_scenario import (
     ControlEvent,
     ControlScenario,
@@ -288,7 +288,7 @@ def run_family(path: Path, seeds: list[int]) -> dict[str, Any]:
 def _aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": len(results)}
     for key, more_is_better in FIGURES.items():
-        for suffix in ("", "_static", "_hpa"):
+        for suffix in SUFFIXES:
             # a seed without such a step has no figure for it (absent); None is a step the
             # budget never moved after
             values = [r[key + suffix] for r in results if key + suffix in r]
@@ -303,7 +303,7 @@ def _aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "worst": None if not math.isfinite(worst) else round(worst, 4),
                 "never": len(numbers) - len(finite),
             }
-    for suffix in ("", "_static", "_hpa"):
+    for suffix in SUFFIXES:
         # the oscillations of every seed as one: actions over all their seconds (the mean of
         # per-seed rates weighs a seed's short window as much as another's long one)
         seconds = sum(r.get(f"oscillation_seconds{suffix}", 0) for r in results)
@@ -336,7 +336,7 @@ def format_family(result: dict[str, Any]) -> str:
     lines += ["", "held-out seeds: mean / worst (ours; static; HPA-style)"]
     for key in FIGURES:
         cells = []
-        for suffix in ("", "_static", "_hpa"):
+        for suffix in SUFFIXES:
             v = agg.get(key + suffix)
             if v is not None:
                 never = f" ({v['never']} never)" if v["never"] else ""
@@ -345,7 +345,7 @@ def format_family(result: dict[str, Any]) -> str:
             lines.append(f"  {key}: " + "; ".join(cells))
     pooled = [
         f"{v['per_300s']} ({v['actions']} in {v['seconds']} s)"
-        for suffix in ("", "_static", "_hpa")
+        for suffix in SUFFIXES
         if (v := agg.get(f"actions_per_300s_oscillation_pooled{suffix}")) is not None
     ]
     if pooled:
