@@ -22,11 +22,17 @@ spike moves nothing; a step does by the second period):
   user sees, the time to first token): it rises by ``increase_step`` each
   period while the TPOT predicted at the higher cap stays under
   ``high_ratio`` less ``waiting_margin`` (so a raise never sets up the next
-  cut: with no gap the two make a limit cycle; up to ``high_ratio`` when what
-  waits is mandatory work, which no cut follows; TPOT grows as ``1 + batch /
+  cut: with no gap the two make a limit cycle; TPOT grows as ``1 + batch /
   doubling_batch``, the model the planner sizes its room with), whatever the
   band says: a cap cut for a slowdown that has passed must not hold baseline
   work in the queue;
+- with mandatory work waiting (no optional work admitted; no cut follows while
+  the trend is within the SLO) the queue breaches before the token time does:
+  the raise may pass the speed's ceiling (below), by a step or less, while the
+  TPOT predicted stays under the SLO less ``queue_margin`` (or three robust
+  standard deviations of the token speed's jitter, if more). Once nothing
+  mandatory waits, a trend over ``high_ratio`` takes the cap back to where
+  that raise began (``margin_back``), not to ``decrease_factor`` of it;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
 Ahead of all of these, the token speed (feedforward, one period): the pool's
@@ -65,6 +71,7 @@ class BatchReason(StrEnum):
     TOKEN_SPEED = "token_speed"  # the token speed moved: the cap follows the SLO's ceiling
     TPOT_LOW = "tpot_low"
     WORK_WAITING = "work_waiting"  # raised: work queues behind the cap, TPOT has room
+    MARGIN_BACK = "margin_back"  # the queue a raise into the SLO's margin was for is gone
     NOT_BATCH_BOUND = "not_batch_bound"
     QUEUE_BOUND = "queue_bound"  # held: work waits behind the cap, TPOT within the SLO
     HOLD = "hold"
@@ -79,6 +86,9 @@ class TpotGuardConfig:
     low_ratio: float = 0.75
     # raised for waiting work while the TPOT predicted stays this far under high_ratio
     waiting_margin: float = 0.05
+    # with mandatory work waiting, raised while the TPOT predicted stays this far under the
+    # SLO itself (or three standard deviations of its jitter, if more)
+    queue_margin: float = 0.02
     decrease_factor: float = 0.8
     increase_step: int = 16
     hold_periods: int = 3
@@ -99,6 +109,8 @@ class TpotGuardConfig:
             raise ValueError("0 < low_ratio < high_ratio: the gap is the hysteresis")
         if not 0 < self.waiting_margin < self.high_ratio:
             raise ValueError("0 < waiting_margin < high_ratio: a raise must not invite a cut")
+        if not 0 < self.queue_margin < 1:
+            raise ValueError("0 < queue_margin < 1: a raise for waiting work stays under the SLO")
         if not 0 < self.decrease_factor < 1 or self.increase_step < 1:
             raise ValueError("decrease_factor in (0, 1), increase_step >= 1")
         if self.trend_window < 1:
@@ -130,6 +142,9 @@ class TpotGuard:
         self.ceiling = config.max_batch  # the largest batch under the mark at the last speed
         self.speed_unit_s: float | None = None  # the token speed the ceiling was set at
         self.restore: int | None = None  # the target a slowdown cut, to come back to
+        # the target a raise for waiting mandatory work left to spend the SLO's margin (TPOT
+        # over high_ratio): where it goes back to once the queue is gone
+        self.margin_from: int | None = None
         self.last_unit_s: float | None = None
         self.jitter: deque[float] = deque(maxlen=config.speed_history)  # |log| period steps
         # the last step's token-speed move (new unit TPOT over the old), if it saw one
@@ -143,6 +158,7 @@ class TpotGuard:
             "target": self.target, "low_streak": self.low_streak, "since_cut": self.since_cut,
             "recent": list(self.recent), "ceiling": self.ceiling,
             "speed_unit_s": self.speed_unit_s, "restore": self.restore,
+            "margin_from": self.margin_from,
             "last_unit_s": self.last_unit_s, "jitter": list(self.jitter),
         }  # fmt: skip
 
@@ -156,6 +172,7 @@ class TpotGuard:
             jitter = [float(x) for x in memory["jitter"]]
             speed, last = memory["speed_unit_s"], memory["last_unit_s"]
             restore = memory["restore"]
+            margin_from = memory.get("margin_from")  # absent in a memory from before it
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a TPOT guard's memory: {exc!r}") from exc
         c = self.config
@@ -169,6 +186,7 @@ class TpotGuard:
         self.speed_unit_s = None if speed is None else float(speed)
         self.last_unit_s = None if last is None else float(last)
         self.restore = None if restore is None else int(restore)
+        self.margin_from = None if margin_from is None else int(margin_from)
 
     def step(
         self,
@@ -208,8 +226,17 @@ class TpotGuard:
                                      f"TPOT at {ratio:.2f} of the SLO with work waiting behind "
                                      f"a cap of {before}: a smaller one would only lengthen "
                                      "the queue")  # fmt: skip
+            if self.margin_from is not None and trend <= 1.0:
+                # the queue the margin was spent on is gone: back to where it began, not a
+                # cut (the TPOT is where the raise put it, within the SLO)
+                self.target, self.margin_from = self.margin_from, None
+                self.since_cut = 1 - c.trend_window  # no cut on readings from before it
+                return BatchDecision(self.target, before, BatchReason.MARGIN_BACK,
+                                     f"TPOT at {ratio:.2f} of the SLO with no mandatory work "
+                                     f"waiting: batch {before} -> {self.target}, the cap before "
+                                     "the queue")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
-                self.target = cut
+                self.target, self.margin_from = cut, None
                 self.since_cut = 0
                 return BatchDecision(self.target, before, BatchReason.TPOT_HIGH,
                                      f"TPOT at {ratio:.2f} of the SLO: batch {before} -> "
@@ -220,12 +247,23 @@ class TpotGuard:
             and (batch_in_use is None or batch_in_use >= self.target - c.increase_step)
         ):
             self.low_streak = 0
+            # a step, under the speed's ceiling (set at high_ratio), while the TPOT predicted
+            # stays under the mark (TPOT grows as 1 + batch / doubling_batch from where it
+            # reads now). With mandatory work waiting (no optional work admitted) no cut
+            # follows while the trend is within the SLO (queue_bound): there the queue, not
+            # the token time, breaches first, so past the ceiling, as far as the SLO less the
+            # TPOT's own noise allows
+            k, now = c.doubling_batch, max(ratio, trend)
             raised = min(c.max_batch, self.target + c.increase_step, self.ceiling)
-            grow = (1 + raised / c.doubling_batch) / (1 + self.target / c.doubling_batch)
-            # mandatory work waiting (no optional work admitted): no cut follows (queue_bound),
-            # so up to the cut's own mark
-            mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
-            if raised > self.target and max(ratio, trend) * grow < mark:
+            mark = c.high_ratio - c.waiting_margin
+            if mandatory:
+                mark = self._queue_mark()
+                room = math.ceil(k * (mark * (1 + self.target / k) / now - 1)) - 1
+                raised = min(c.max_batch, self.target + c.increase_step, room)
+            grow = (1 + raised / k) / (1 + self.target / k)
+            if raised > self.target and now * grow < mark:
+                if now * grow > c.high_ratio and self.margin_from is None:
+                    self.margin_from = self.target
                 self.target = raised
                 return BatchDecision(self.target, before, BatchReason.WORK_WAITING,
                                      f"work waits behind a cap of {before} with TPOT at "
@@ -242,6 +280,14 @@ class TpotGuard:
         else:
             self.low_streak = 0
         return BatchDecision(before, before, BatchReason.HOLD, f"TPOT at {ratio:.2f}: held")
+
+    def _queue_mark(self) -> float:
+        """How near the SLO a raise for waiting mandatory work may take TPOT: under it by
+        three robust standard deviations of the token speed's period-to-period jitter (a
+        reading that noisy stays within the SLO), and at least ``queue_margin``."""
+        c = self.config
+        sigma = 1.4826 * median(self.jitter) if self.jitter else 0.0
+        return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * sigma))
 
     def _speed(self, unit_s: float | None, slo_s: float, before: int) -> BatchDecision | None:
         """The ceiling, moved when the token speed has moved past its noise; a decision when
@@ -265,6 +311,7 @@ class TpotGuard:
             return None
         change = f"{math.exp(moved) - 1:+.0%} since it was last set"
         self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s
+        self.margin_from = None  # a new ceiling: the margin is spent from it, if at all
         # TPOT grows as 1 + batch / doubling_batch: the largest batch under the cut's mark
         fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
         self.ceiling = max(c.min_batch, min(c.max_batch, fresh))

@@ -337,6 +337,45 @@ def test_tpot_guard_leaves_a_load_bound_pool_its_cap_and_raises_short_of_its_own
         TpotGuardConfig(waiting_margin=0.0)  # no gap under the cut's mark
 
 
+def test_tpot_guard_spends_the_slos_margin_on_a_queue_of_mandatory_work() -> None:
+    # a slowdown (18 -> 25.2 ms a token at a batch of one) cuts the cap to 161, the largest
+    # batch under 0.95 of the SLO at that speed. With baseline waiting behind it (no optional
+    # work left to give up) the queue, not the token time, breaches first: the cap rises
+    # past that ceiling while the TPOT predicted stays under the SLO less 0.02 (the token
+    # speed's jitter here is nil), 128 * (0.98 * 60 / 25.2 - 1) = 170 at most
+    def slowed(mandatory: bool) -> tuple[TpotGuard, list[int]]:
+        g = TpotGuard(TpotGuardConfig(max_batch=256))
+        for _ in range(8):
+            g.step(tpot_p95_s=0.035, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.018)
+        d = g.step(tpot_p95_s=0.05, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.0252)
+        assert (d.reason, d.target) == (BatchReason.TOKEN_SPEED, 161)
+        targets = []
+        for _ in range(4):
+            g.step(tpot_p95_s=tpot_at(g.target), slo_s=0.06, batch_in_use=g.target,
+                   waiting=True, mandatory=mandatory, unit_tpot_s=0.0252)  # fmt: skip
+            targets.append(g.target)
+        return g, targets
+
+    def tpot_at(batch: int) -> float:
+        return 0.0252 * (1 + batch / 128)
+
+    g, targets = slowed(mandatory=True)
+    assert targets == [170, 170, 170, 170]
+    assert slowed(mandatory=False)[1] == [161, 161, 161, 161]
+    # the queue gone, the TPOT trend over 0.95 of the SLO but within it: back to the cap it
+    # spent the margin from, not a cut to 0.8 of it (a cut there would start a limit cycle)
+    backs = [g.step(tpot_p95_s=tpot_at(g.target), slo_s=0.06, batch_in_use=g.target,
+                    unit_tpot_s=0.0252) for _ in range(3)]  # fmt: skip
+    assert backs[0].reason is BatchReason.MARGIN_BACK and g.target == 161
+    assert [d.reason for d in backs[1:]] == [BatchReason.HOLD] * 2
+    # and it survives a restart
+    g.target = 170
+    g.margin_from = 161
+    again = TpotGuard(TpotGuardConfig(max_batch=256))
+    again.recall(g.remember())
+    assert again.margin_from == 161
+
+
 def test_power_goes_to_the_drivers_floor_before_a_trip_and_says_what_is_left() -> None:
     # a rack drawing 5,000 W (8 devices at 400 W, and its hosts) whose limit falls to
     # 3,000 W: policy's floor (300 W) and low clocks leave it over the limit, so the caps go
