@@ -10,8 +10,10 @@ and its devices (draw, cap, cap range, criticality):
   once when the draw itself does; otherwise on the second rise in a row while
   it does, so one rise, noisy or a step that has come and stopped, is not
   taken for a trend: a draw that does go over is caught by the reading that
-  shows it, and a rack's readings close its period early): caps go down on
-  the least critical devices first (most drawing first among equals), each
+  shows it, and a rack's readings close its period early), for what the
+  draw and its latest rise put over the target (a step that has come and
+  stopped is over by what the draw shows, not by its size again): caps go
+  down on the least critical devices first (most drawing first among equals), each
   no lower than its minimum; what caps cannot take, low-clock mode takes
   (for a need of at least ``MIN_ACTION_WATTS``, as a cap is moved);
   what neither can, the rack's deferrable batch work moved to a pool with
@@ -234,10 +236,10 @@ class PowerController:
             # has come and stopped, is no trend; a draw that does go over is caught by the
             # reading that shows it)
             self.warned = self.warned + 1 if rise > 0 or not self.warned else self.warned
-            if draw_watts > target:
-                return self._shed(projected - target, projected, limit_watts, devices)
-            # a trend is shed for what it shows: the draw plus its latest rise
-            if self.warned >= 2 and (trend := draw_watts + rise) > target:
+            # a trend is shed for what it shows: the draw plus its latest rise (a step that
+            # has come and stopped is over by what the draw shows, not by its size again)
+            trend = draw_watts + rise
+            if draw_watts > target or (self.warned >= 2 and trend > target):
                 return self._shed(trend - target, trend, limit_watts, devices)
             return PowerPlan((), PowerReason.HOLD,
                              f"projected {projected:.0f} W over the target: watched",

@@ -42,6 +42,7 @@ class _Rack:
     phases: dict[PduPhase, PduReading] = field(default_factory=dict)  # this period's last
     latest: dict[PduPhase, PduReading] = field(default_factory=dict)  # each phase's last
     closed_early: int = -1  # the period a reading over the target closed before its end
+    closed_limit: float = float("inf")  # the breaker limit that early close acted on
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
 
 
@@ -242,11 +243,18 @@ class RackPlanner(ThrottleIssuer):
         if period >= rack.period:
             rack.period = period
             rack.phases[reading.phase] = rack.latest[reading.phase] = reading
-            if rack.closed_early != period and self._over_target(rack):
+            if self._over_target(rack) and self._news(rack, period):
                 # the breaker's clock is running: act on this reading, not at the period's end
-                rack.closed_early = period
+                rack.closed_early, rack.closed_limit = period, _summed(rack.latest)[1]
                 out += self._close_rack(reading.rack_id, rack, rack.latest, reading.observed_at)
         return out
+
+    def _news(self, rack: _Rack, period: int) -> bool:
+        """Whether a reading over the target is news to the rack's controller: the first of
+        its period, or over a limit lower than the one the period's early close acted on (a
+        second feed lost: its trip clock may be shorter than what is left of the period).
+        A draw still over after a close is the caps in flight; the period's end judges it."""
+        return rack.closed_early != period or _summed(rack.latest)[1] < rack.closed_limit
 
     def _over_target(self, rack: _Rack) -> bool:
         draw, limit = _summed(rack.latest)

@@ -61,16 +61,15 @@ def test_the_slo_and_harvest_targets_hold_on_the_production_assembly(
 
 OSCILLATION_OPEN = pytest.mark.xfail(
     strict=True,
-    reason="the production planner acts 1.25 (shifts) and 1.4 (holdout) times per 300 s in "
-    "their +-5% oscillation segments, where the target is <= 1: the budget follows the "
-    "level the segment starts at, and then some of the oscillation's peaks. Open: issue 19",
+    reason="the production planner acts 1.25 times per 300 s in shifts' +-5% oscillation "
+    "segments, where the target is <= 1: the budget follows the level the segment starts "
+    "at, and then some of the oscillation's peaks. Open: issue 19",
 )
 
 
 @pytest.mark.parametrize(
     "name",
-    ["mix", pytest.param("shifts", marks=OSCILLATION_OPEN),
-     pytest.param("holdout", marks=OSCILLATION_OPEN)],
+    ["mix", pytest.param("shifts", marks=OSCILLATION_OPEN), "holdout"],
 )  # fmt: skip
 def test_a_5pct_oscillation_takes_at_most_one_action_per_300s(
     name: str, capsys: pytest.CaptureFixture[str]
