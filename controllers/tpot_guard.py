@@ -31,8 +31,11 @@ spike moves nothing; a step does by the second period):
   the raise may pass the speed's ceiling (below), by a step or less, while the
   TPOT predicted stays under the SLO less ``queue_margin`` (or three robust
   standard deviations of the token speed's jitter, if more). Once nothing
-  mandatory waits, a trend over ``high_ratio`` takes the cap back to where
-  that raise began (``margin_back``), not to ``decrease_factor`` of it;
+  mandatory has waited for ``hold_periods``, a trend over ``high_ratio`` takes
+  the cap back to where that raise began (``margin_back``), not to
+  ``decrease_factor`` of it; a trend over the SLO after such a raise (the TPOT
+  model missed) is cut as ever, and no margin is spent again until the speed
+  sets a new ceiling;
 - in between (the hysteresis band), or with no valid reading: it holds.
 
 Ahead of all of these, the token speed (feedforward, one period): the pool's
@@ -145,6 +148,10 @@ class TpotGuard:
         # the target a raise for waiting mandatory work left to spend the SLO's margin (TPOT
         # over high_ratio): where it goes back to once the queue is gone
         self.margin_from: int | None = None
+        # a trend over the SLO after such a raise: the TPOT model missed on this pool, so no
+        # margin is spent again until the speed sets a new ceiling
+        self.margin_spoiled = False
+        self.unqueued = 0  # periods in a row with no mandatory work waiting
         self.last_unit_s: float | None = None
         self.jitter: deque[float] = deque(maxlen=config.speed_history)  # |log| period steps
         # the last step's token-speed move (new unit TPOT over the old), if it saw one
@@ -158,7 +165,7 @@ class TpotGuard:
             "target": self.target, "low_streak": self.low_streak, "since_cut": self.since_cut,
             "recent": list(self.recent), "ceiling": self.ceiling,
             "speed_unit_s": self.speed_unit_s, "restore": self.restore,
-            "margin_from": self.margin_from,
+            "margin_from": self.margin_from, "margin_spoiled": self.margin_spoiled,
             "last_unit_s": self.last_unit_s, "jitter": list(self.jitter),
         }  # fmt: skip
 
@@ -173,6 +180,7 @@ class TpotGuard:
             speed, last = memory["speed_unit_s"], memory["last_unit_s"]
             restore = memory["restore"]
             margin_from = memory.get("margin_from")  # absent in a memory from before it
+            spoiled = bool(memory.get("margin_spoiled", False))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a TPOT guard's memory: {exc!r}") from exc
         c = self.config
@@ -187,6 +195,7 @@ class TpotGuard:
         self.last_unit_s = None if last is None else float(last)
         self.restore = None if restore is None else int(restore)
         self.margin_from = None if margin_from is None else int(margin_from)
+        self.margin_spoiled = spoiled
 
     def step(
         self,
@@ -204,6 +213,7 @@ class TpotGuard:
         ``unit_tpot_s``, the pool's TPOT at a batch of one (None: no speed ceiling)."""
         c, before = self.config, self.target
         self.since_cut += 1
+        self.unqueued = 0 if waiting and mandatory else self.unqueued + 1
         self.speed_moved = None
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
             self.low_streak = 0
@@ -227,8 +237,14 @@ class TpotGuard:
                                      f"a cap of {before}: a smaller one would only lengthen "
                                      "the queue")  # fmt: skip
             if self.margin_from is not None and trend <= 1.0:
-                # the queue the margin was spent on is gone: back to where it began, not a
-                # cut (the TPOT is where the raise put it, within the SLO)
+                # the queue the margin was spent on gone for hold_periods (a queue that
+                # comes and goes is still the load): back to where it began, not a cut (the
+                # TPOT is where the raise put it, within the SLO)
+                if self.unqueued < c.hold_periods:
+                    return BatchDecision(before, before, BatchReason.QUEUE_BOUND,
+                                         f"TPOT at {ratio:.2f} of the SLO, a cap of {before} "
+                                         "raised for a queue of mandatory work that has "
+                                         f"been gone {self.unqueued} period(s): held")  # fmt: skip
                 self.target, self.margin_from = self.margin_from, None
                 self.since_cut = 1 - c.trend_window  # no cut on readings from before it
                 return BatchDecision(self.target, before, BatchReason.MARGIN_BACK,
@@ -236,6 +252,7 @@ class TpotGuard:
                                      f"waiting: batch {before} -> {self.target}, the cap before "
                                      "the queue")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
+                self.margin_spoiled |= self.margin_from is not None
                 self.target, self.margin_from = cut, None
                 self.since_cut = 0
                 return BatchDecision(self.target, before, BatchReason.TPOT_HIGH,
@@ -255,14 +272,15 @@ class TpotGuard:
             # TPOT's own noise allows
             k, now = c.doubling_batch, max(ratio, trend)
             raised = min(c.max_batch, self.target + c.increase_step, self.ceiling)
-            mark = c.high_ratio - c.waiting_margin
-            if mandatory:
+            mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
+            if mandatory and not self.margin_spoiled:
                 mark = self._queue_mark()
                 room = math.ceil(k * (mark * (1 + self.target / k) / now - 1)) - 1
                 raised = min(c.max_batch, self.target + c.increase_step, room)
             grow = (1 + raised / k) / (1 + self.target / k)
             if raised > self.target and now * grow < mark:
-                if now * grow > c.high_ratio and self.margin_from is None:
+                past = now * grow > c.high_ratio or raised > self.ceiling
+                if past and self.margin_from is None:
                     self.margin_from = self.target
                 self.target = raised
                 return BatchDecision(self.target, before, BatchReason.WORK_WAITING,
@@ -311,7 +329,8 @@ class TpotGuard:
             return None
         change = f"{math.exp(moved) - 1:+.0%} since it was last set"
         self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s
-        self.margin_from = None  # a new ceiling: the margin is spent from it, if at all
+        # a new ceiling: the margin is spent from it, if at all
+        self.margin_from, self.margin_spoiled = None, False
         # TPOT grows as 1 + batch / doubling_batch: the largest batch under the cut's mark
         fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
         self.ceiling = max(c.min_batch, min(c.max_batch, fresh))

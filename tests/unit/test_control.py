@@ -365,15 +365,29 @@ def test_tpot_guard_spends_the_slos_margin_on_a_queue_of_mandatory_work() -> Non
     # the queue gone, the TPOT trend over 0.95 of the SLO but within it: back to the cap it
     # spent the margin from, not a cut to 0.8 of it (a cut there would start a limit cycle)
     backs = [g.step(tpot_p95_s=tpot_at(g.target), slo_s=0.06, batch_in_use=g.target,
-                    unit_tpot_s=0.0252) for _ in range(3)]  # fmt: skip
-    assert backs[0].reason is BatchReason.MARGIN_BACK and g.target == 161
-    assert [d.reason for d in backs[1:]] == [BatchReason.HOLD] * 2
+                    unit_tpot_s=0.0252) for _ in range(5)]  # fmt: skip
+    # (held while the queue has been gone under three periods: one that comes and goes is
+    # still the load)
+    assert [d.reason for d in backs[:2]] == [BatchReason.QUEUE_BOUND] * 2
+    assert backs[2].reason is BatchReason.MARGIN_BACK and g.target == 161
+    assert [d.reason for d in backs[3:]] == [BatchReason.HOLD] * 2
     # and it survives a restart
     g.target = 170
     g.margin_from = 161
     again = TpotGuard(TpotGuardConfig(max_batch=256))
     again.recall(g.remember())
     assert again.margin_from == 161
+    # a trend over the SLO after such a raise: the TPOT model missed on this pool (capped
+    # devices, say), so it is cut as ever and spends no margin again at this speed
+    g, _ = slowed(mandatory=True)
+    for _ in range(2):
+        g.step(tpot_p95_s=0.0615, slo_s=0.06, batch_in_use=g.target, waiting=True,
+               mandatory=True, unit_tpot_s=0.0252)  # fmt: skip
+    assert g.target == 136 and g.margin_spoiled  # 0.8 of 170
+    for _ in range(8):
+        g.step(tpot_p95_s=tpot_at(g.target), slo_s=0.06, batch_in_use=g.target,
+               waiting=True, mandatory=True, unit_tpot_s=0.0252)  # fmt: skip
+    assert g.target == 161  # back up to the ceiling, not past it
 
 
 def test_power_goes_to_the_drivers_floor_before_a_trip_and_says_what_is_left() -> None:
