@@ -6,7 +6,10 @@ trend: the median of the last ``trend_window`` periods (a one-period sensor
 spike moves nothing; a step does by the second period):
 
 - above ``high_ratio`` of the SLO: the target drops to ``decrease_factor`` of
-  itself (multiplicative: fast), at most once per ``cooldown_periods``, but
+  itself (multiplicative: fast), at most once per ``cooldown_periods`` (and,
+  while the trend still holds readings from before the last cut, only on a
+  reading at the new cap that is over the mark too: a cut that is working is
+  not cut again on old readings), but
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
   cost throughput for nothing (``not_batch_bound``); nor while mandatory work
@@ -251,6 +254,12 @@ class TpotGuard:
                                      f"TPOT at {ratio:.2f} of the SLO with no mandatory work "
                                      f"waiting: batch {before} -> {self.target}, the cap before "
                                      "the queue")  # fmt: skip
+            if self.since_cut < c.trend_window and (now := self.recent[-1]) <= c.high_ratio:
+                # the trend still holds readings from before the last cut, and this one,
+                # at the cap that cut left, is under the mark: the cut is working
+                return BatchDecision(before, before, BatchReason.HOLD,
+                                     f"TPOT at {now:.2f} of the SLO at the cap of {before} "
+                                     f"the last cut left (trend {trend:.2f}): held")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
                 self.margin_spoiled |= self.margin_from is not None
                 self.target, self.margin_from = cut, None

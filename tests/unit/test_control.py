@@ -245,6 +245,28 @@ def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
                is BatchReason.HOLD for k in range(100))  # fmt: skip
 
 
+def test_tpot_guard_cuts_once_while_the_trend_still_holds_readings_from_before_it() -> None:
+    # three readings over 0.95 of the SLO, then a cut; the next reading, at the new cap, is
+    # under the mark but the trend (the median of three) is still over it: the cut is
+    # working, so no second cut on the old readings (fresh seed 59 cut three times in a row,
+    # 226 -> 115, and queued baseline work for four periods)
+    def cut_at_226() -> TpotGuard:
+        g = TpotGuard(TpotGuardConfig(max_batch=256))
+        g.target = 226
+        g.recent.extend([0.96, 0.96])  # two readings at 0.96 of the SLO before
+        d = g.step(tpot_p95_s=0.0576, slo_s=0.06, batch_in_use=226)
+        assert (d.reason, g.target) == (BatchReason.TPOT_HIGH, 180)
+        return g
+
+    g = cut_at_226()
+    after = [g.step(tpot_p95_s=0.052, slo_s=0.06, batch_in_use=180) for _ in range(3)]
+    assert [d.reason for d in after] == [BatchReason.HOLD] * 3 and g.target == 180
+    # a reading still over the mark at the new cap is cut again, at once
+    again = cut_at_226()
+    d = again.step(tpot_p95_s=0.0576, slo_s=0.06, batch_in_use=180)
+    assert (d.reason, again.target) == (BatchReason.TPOT_HIGH, 144)
+
+
 def test_tpot_guard_follows_the_token_speed_in_one_period_and_gives_the_cap_back() -> None:
     # 18 ms a token at a batch of one (under 0.95 of the 60 ms SLO up to a batch of 277),
     # 1% jitter from period to period: the jitter never moves the cap
