@@ -254,11 +254,11 @@ class TpotGuard:
                                      f"TPOT at {ratio:.2f} of the SLO with no mandatory work "
                                      f"waiting: batch {before} -> {self.target}, the cap before "
                                      "the queue")  # fmt: skip
-            if self.since_cut < c.trend_window and (now := self.recent[-1]) <= c.high_ratio:
+            if self.since_cut < c.trend_window and (reading := self.recent[-1]) <= c.high_ratio:
                 # the trend still holds readings from before the last cut, and this one,
                 # at the cap that cut left, is under the mark: the cut is working
                 return BatchDecision(before, before, BatchReason.HOLD,
-                                     f"TPOT at {now:.2f} of the SLO at the cap of {before} "
+                                     f"TPOT at {reading:.2f} of the SLO at the cap of {before} "
                                      f"the last cut left (trend {trend:.2f}): held")  # fmt: skip
             if self.since_cut >= c.cooldown_periods and self.target > c.min_batch:
                 self.margin_spoiled |= self.margin_from is not None
@@ -280,12 +280,13 @@ class TpotGuard:
             # the token time, breaches first, so past the ceiling, as far as the SLO less the
             # TPOT's own noise allows
             k, now = c.doubling_batch, max(ratio, trend)
-            raised = min(c.max_batch, self.target + c.increase_step, self.ceiling)
-            mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
             if mandatory and not self.margin_spoiled:
                 mark = self._queue_mark()
-                room = math.ceil(k * (mark * (1 + self.target / k) / now - 1)) - 1
-                raised = min(c.max_batch, self.target + c.increase_step, room)
+                top = math.ceil(k * (mark * (1 + self.target / k) / now - 1)) - 1
+            else:
+                mark = c.high_ratio if mandatory else c.high_ratio - c.waiting_margin
+                top = self.ceiling
+            raised = min(c.max_batch, self.target + c.increase_step, top)
             grow = (1 + raised / k) / (1 + self.target / k)
             if raised > self.target and now * grow < mark:
                 past = now * grow > c.high_ratio or raised > self.ceiling
@@ -313,8 +314,12 @@ class TpotGuard:
         three robust standard deviations of the token speed's period-to-period jitter (a
         reading that noisy stays within the SLO), and at least ``queue_margin``."""
         c = self.config
-        sigma = 1.4826 * median(self.jitter) if self.jitter else 0.0
-        return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * sigma))
+        return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * self._jitter_sigma()))
+
+    def _jitter_sigma(self) -> float:
+        """The token speed's period-to-period jitter as a standard deviation: its median
+        absolute step, scaled as the MAD is (robust to the steps a slowdown makes)."""
+        return 1.4826 * median(self.jitter) if self.jitter else 0.0
 
     def _speed(self, unit_s: float | None, slo_s: float, before: int) -> BatchDecision | None:
         """The ceiling, moved when the token speed has moved past its noise; a decision when
@@ -332,7 +337,7 @@ class TpotGuard:
             return None
         if len(self.jitter) < c.speed_min_history:
             return None
-        sigma = 1.4826 * median(self.jitter)  # the MAD's standard deviation; robust to steps
+        sigma = self._jitter_sigma()
         moved = math.log(unit_s / self.speed_unit_s)
         if abs(moved) <= max(c.speed_tolerance, c.speed_noise_multiple * sigma):
             return None

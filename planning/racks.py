@@ -243,22 +243,18 @@ class RackPlanner(ThrottleIssuer):
         if period >= rack.period:
             rack.period = period
             rack.phases[reading.phase] = rack.latest[reading.phase] = reading
-            if self._over_target(rack) and self._news(rack, period):
+            draw, limit = _summed(rack.latest)
+            over = draw is not None and draw > self.wiring.power.target_ratio * limit
+            # news to the rack's controller: the first reading over the target in its
+            # period, or one over a lower limit than the period's early close acted on (a
+            # second feed lost: its trip clock may be shorter than what is left of the
+            # period); a draw still over after a close is the caps in flight, judged at the
+            # period's end
+            if over and (rack.closed_early != period or limit < rack.closed_limit):
                 # the breaker's clock is running: act on this reading, not at the period's end
-                rack.closed_early, rack.closed_limit = period, _summed(rack.latest)[1]
+                rack.closed_early, rack.closed_limit = period, limit
                 out += self._close_rack(reading.rack_id, rack, rack.latest, reading.observed_at)
         return out
-
-    def _news(self, rack: _Rack, period: int) -> bool:
-        """Whether a reading over the target is news to the rack's controller: the first of
-        its period, or over a limit lower than the one the period's early close acted on (a
-        second feed lost: its trip clock may be shorter than what is left of the period).
-        A draw still over after a close is the caps in flight; the period's end judges it."""
-        return rack.closed_early != period or _summed(rack.latest)[1] < rack.closed_limit
-
-    def _over_target(self, rack: _Rack) -> bool:
-        draw, limit = _summed(rack.latest)
-        return draw is not None and draw > self.wiring.power.target_ratio * limit
 
     def _close_rack(
         self, rack_id: str, rack: _Rack, phases: dict[PduPhase, PduReading], end: datetime
