@@ -385,8 +385,12 @@ class ControlPlanner(ThrottleIssuer):
         for r in free:  # a pool every cap holds: the power side's, no speed reading
             if (unit_s := r.unit_now()) is not None:
                 speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
+        # (a model slower at a batch of one than the mark is past what any cap can do: its
+        # replicas are the router's and the warmer's to answer for, and a pool-wide cap at
+        # the floor for it would only make the other models' work wait)
+        mark_s = self.wiring.tpot_guard.high_ratio * self.wiring.tpot_slo_s
         units = (_by_requests(s, 0.5) for s in speeds.values())
-        unit = max((u for u in units if u is not None), default=None)
+        unit = max((u for u in units if u is not None and u < mark_s), default=None)
         return pool.guard.step(
             tpot_p95_s=tpot, slo_s=self.wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
             mandatory=mandatory,  # no optional work admitted: what waits is mandatory

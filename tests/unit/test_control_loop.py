@@ -474,6 +474,29 @@ def test_the_batch_cap_follows_a_slowdown_at_the_close_it_shows_and_not_a_spike(
     ]
 
 
+def test_a_model_no_batch_cap_brings_under_the_slo_does_not_set_the_pools_cap() -> None:
+    """A pool serving two models: one at 18 ms a token at a batch of one, and one at 60 ms,
+    over 0.95 of the 60 ms SLO even alone (no cap helps it: routing and warming answer for
+    it). The slower model's replica falls silent for a period (its share routed away) and
+    comes back: that is no change of the pool's speed, and the cap stays. A slowdown of the
+    other model by 1.4x cuts the cap to the largest batch that keeps it under the mark, as
+    in a pool that serves it alone (161), not to the floor for the model no cap can help."""
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.06))
+    out = []
+    for k in range(120):
+        unit_s = 0.0252 if 78 <= k < 108 else 0.018
+        reports = [_report(k, tpot_s=unit_s * 1.5, queue=0, batch=64, optional=0)]
+        if not 40 <= k < 50:  # silent for one period
+            slow = _report(k, tpot_s=0.060 * 1.5, queue=0, batch=64, optional=0)
+            reports.append(slow.model_copy(update={"replica_id": "r2", "model": "mixtral-8x7b"}))
+        for m in reports:
+            out += [o.decision for o in planner.serving(m) if o.decision.controller == "tpot_guard"]
+    assert [(d.reason, d.applied, d.decided_at - START) for d in out] == [
+        ("token_speed", 161.0, timedelta(seconds=80)),
+        ("token_speed", 256.0, timedelta(seconds=110)),
+    ]
+
+
 @pytest.mark.parametrize("adopted", [True, False])
 def test_a_batch_cap_a_slowdown_cut_comes_back_under_the_region_s_next_owner(
     adopted: bool,
