@@ -65,11 +65,17 @@ class PowerRouteReason(StrEnum):
     CAPPED = "device_capped"  # weighted to keep its TPOT with its peers'
     OVER_LIMIT = "rack_over_limit"  # every lever spent and still over: load off the rack
     LIFTED = "caps_lifted"  # no cap holds it any more: its weight goes back to 1
+    # every replica of a model in the pool held: the pool's share of the model moves to
+    # the region's other pools serving it, and comes back once a replica runs free
+    POOL_CAPPED = "pool_capped"
+    POOL_LIFTED = "pool_caps_lifted"
 
 
 @dataclass(frozen=True, slots=True)
 class PowerRoutingConfig:
     enabled: bool = True
+    # a pool every cap holds sends its share of a model to the region's other pools
+    across_pools: bool = True
     min_weight: float = 0.1
     tolerance: float = 0.05  # a replica within this share of its peers' TPOT keeps its weight
     max_rise_ratio: float = 1.5  # per period
@@ -105,6 +111,8 @@ class ReplicaServing:
     # weight never rises (what it would draw is what keeps its rack under the breaker)
     at_floor: bool = False
     model: str = ""  # its peers serve the same model (TPOT is a model's own)
+    batch_cap: float = math.inf  # its pool's batch cap: the most sequences it runs at once
+    waiting: float = 0.0  # mean requests queued on it (its throughput spent, not its TPOT)
 
     @property
     def known(self) -> bool:
@@ -124,13 +132,31 @@ class ReplicaWeight:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class PoolWeight:
+    """A change of a pool's weight for one model in its region's router, and why."""
+
+    pool: str
+    model: str
+    weight: float
+    previous: float
+    desired: float
+    reason: PowerRouteReason
+    message: str
+
+
 @dataclass(slots=True)
 class PowerRouter:
     config: PowerRoutingConfig
     weights: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, device)
+    # (pool, model): the pool's weight for the model among the region's pools serving it
+    pool_weights: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def weight(self, pool: str, device_uuid: str) -> float:
         return self.weights.get((pool, device_uuid), 1.0)
+
+    def pool_weight(self, pool: str, model: str) -> float:
+        return self.pool_weights.get((pool, model), 1.0)
 
     def weighted(self, pool: str) -> list[str]:
         """The pool's devices the router weights under 1 now."""
@@ -213,6 +239,103 @@ class PowerRouter:
                                          message))  # fmt: skip
         return out
 
+    def step_pools(
+        self,
+        pool: str,
+        replicas: list[ReplicaServing],
+        others: list[ReplicaServing],
+        *,
+        doubling_batch: float,
+        target_tpot_s: float,
+        crowded: bool = False,
+    ) -> list[PoolWeight]:
+        """One period of a pool, against ``others``: the replicas of the region's other
+        pools at their last period. Per model, while every replica of it in the pool is
+        held (no free peer in the pool to take its share): the pool's weight for the model
+        is the one at which its TPOT is ``target_tpot_s`` (the latency setpoint), less
+        only where the other pools' free replicas of the model have the room, at that TPOT,
+        to take the rest; a pool within it keeps its share. Once one of its replicas runs
+        free, back to 1 as fast as the rise limit allows."""
+        if not self.config.enabled or not self.config.across_pools:
+            return []
+        models: dict[str, list[ReplicaServing]] = {}
+        for r in replicas:
+            models.setdefault(r.model, []).append(r)
+        out = []
+        for model, group in sorted(models.items()):
+            change = self._step_pool(
+                pool, model, group, others, doubling_batch, target_tpot_s, crowded
+            )
+            if change is not None:
+                self.pool_weights[(pool, model)] = change.weight
+                out.append(change)
+        return out
+
+    def _step_pool(
+        self, pool: str, model: str, group: list[ReplicaServing], others: list[ReplicaServing],
+        doubling_batch: float, target_s: float, crowded: bool,
+    ) -> PoolWeight | None:  # fmt: skip
+        c, now, d = self.config, self.pool_weight(pool, model), doubling_batch
+        if any(not r.held for r in group):
+            if now >= 1.0:
+                return None  # a replica runs free: the pool's own routing evens it
+            new = min(1.0, now * c.max_rise_ratio)
+            return PoolWeight(pool, model, new, now, 1.0, PowerRouteReason.POOL_LIFTED,
+                              f"{pool} for {model}: a replica runs free of caps again; weight "
+                              f"{now:.2f} -> {new:.2f}")  # fmt: skip
+        own = [r for r in group if r.known and r.batch > 0]
+        peers = [r for r in others if r.model == model and r.known and r.batch > 0 and not r.held]
+        if not own or not peers:
+            return None  # nothing known of it, or no free replica elsewhere to take a share
+        if any(r.waiting >= 1.0 for r in peers):
+            # work waits on the other pools: they have no room to give (their throughput ran
+            # out before their TPOT showed it). While none waits here, what was sent comes
+            # back (a slow token beats a wait for a slot); once work waits here too, held
+            if now >= 1.0 or sum(r.waiting for r in own) / len(own) >= 1.0:
+                return None
+            new = min(1.0, now * c.max_rise_ratio)
+            message = (
+                f"{pool} for {model}: work waits on the region's other pools' free replicas "
+                f"and none here; weight {now:.2f} -> {new:.2f}"
+            )
+            return PoolWeight(pool, model, new, now, 1.0, PowerRouteReason.POOL_CAPPED, message)
+        # request intensity (sequences started per second of TPOT) now, and at the target
+        # TPOT or the batch cap, whichever binds first, by the batch-slot model: a = B / T,
+        # and T = tau / (1 - a tau / D) = tau (1 + B / D)
+        held = sum(r.batch / r.tpot_s for r in own)
+        fits = sum(_intensity_at(r, target_s, d) for r in own)
+        spare = sum(max(0.0, _intensity_at(r, target_s, d) - r.batch / r.tpot_s) for r in peers)
+        tpot = sum(r.tpot_s for r in own) / len(own)
+        if tpot > target_s:  # over: what the others can take, at most down to what fits
+            wanted = max(fits, held - spare)
+        elif now < 1.0:  # under, with a share sent away: as much back as fits
+            wanted = fits
+        else:
+            return None
+        if abs(math.log(tpot / target_s)) <= math.log1p(c.tolerance):
+            return None  # within the noise of the target
+        ratio = max(0.0, wanted) / held  # 0: the others can take it all
+        gain = c.gain / 2 if ratio > 1 and not crowded else c.gain
+        desired = min(1.0, now * ratio**gain)
+        if all(r.at_floor for r in group):
+            desired = min(desired, now)
+        # a fall at most 1 / max_rise_ratio a period: what the others can take is judged by
+        # their TPOT, and their throughput may run out first (a queue stops it)
+        new = max(c.min_weight, now / c.max_rise_ratio, min(desired, now * c.max_rise_ratio))
+        if abs(new - now) < STEP or (
+            ratio > 0
+            and (abs(math.log(ratio)) < math.log1p(c.tolerance)
+                 or (not crowded and abs(math.log(new / now)) < math.log1p(c.tolerance / 2)))
+        ):  # fmt: skip
+            return None
+        peer_tpot = sum(r.tpot_s for r in peers) / len(peers)
+        message = (
+            f"{pool} for {model}: every replica held down, TPOT {tpot * 1e3:.1f} ms against a "
+            f"setpoint of {target_s * 1e3:.1f} ms (the region's other pools' free replicas at "
+            f"{peer_tpot * 1e3:.1f} ms); weight {now:.2f} -> {new:.2f}"
+        )
+        return PoolWeight(pool, model, new, now, desired, PowerRouteReason.POOL_CAPPED, message)
+
     def capped(
         self, pool: str, device_uuid: str, rack_id: str, *, draw_watts: float, cap_watts: float
     ) -> ReplicaWeight | None:
@@ -254,6 +377,15 @@ class PowerRouter:
         self.weights[(pool, device_uuid)] = new
         message = f"{pool} on {device_uuid} ({rack_id}): {why}; weight {now:.2f} -> {new:.2f}"
         return ReplicaWeight(device_uuid, rack_id, new, now, new, reason, message)
+
+
+def _intensity_at(replica: ReplicaServing, tpot_s: float, doubling_batch: float) -> float:
+    """The request intensity a replica carries at TPOT ``tpot_s``, or at its batch cap if
+    that binds first (no queue: what waits is not carried)."""
+    d, tau = doubling_batch, replica.unit_tpot_s
+    at_tpot = max(0.0, d * (1.0 / tau - 1.0 / tpot_s))
+    at_cap = replica.batch_cap / (tau * (1.0 + replica.batch_cap / d))
+    return min(at_tpot, at_cap)
 
 
 def _equalising_factors(replicas: list[ReplicaServing], doubling_batch: float) -> dict[str, float]:

@@ -42,7 +42,7 @@ from controllers.capacity import (
     GlobalBudget,
     split_levers,
 )
-from controllers.power_routing import PowerRouter, ReplicaServing, ReplicaWeight
+from controllers.power_routing import PoolWeight, PowerRouter, ReplicaServing, ReplicaWeight
 from controllers.tpot_guard import BatchDecision, TpotGuard
 from planning.racks import RackPlanner
 from planning.registry import CAPACITY, POWER_ROUTING, TPOT_GUARD
@@ -179,6 +179,10 @@ class ControlPlanner(ThrottleIssuer):
         self.global_budget = budget if budget is not None else fleet_budget(wiring)
         self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
         self.routing = PowerRouter(wiring.power_routing)
+        # each pool's replicas at its last close: where a pool every cap holds may send its
+        # share of a model (the region's router spreads a model over all its pools)
+        self.last_serving: dict[str, list[ReplicaServing]] = {}
+        self.regions: dict[str, str] = {}  # pool -> its region
         self.shed_period: dict[str, int] = {}  # rack -> the period it last shed load in
 
     def held(self) -> dict[str, Any]:
@@ -189,14 +193,16 @@ class ControlPlanner(ThrottleIssuer):
         them back when it is time."""
         weights = [[pool, u, w] for (pool, u), w in sorted(self.routing.weights.items())
                    if w < 1.0]  # fmt: skip
+        pool_weights = [[pool, m, w] for (pool, m), w in sorted(self.routing.pool_weights.items())
+                        if w < 1.0]  # fmt: skip
         # each pool's batch cap, with what its guard knows of it (a cap a slowdown cut
         # comes back when the speed does)
         guards = {name: pool.guard.remember() for name, pool in sorted(self.pools.items())}
         # and its optional-work budget with what its controller knows (the PID, its windows)
         budgets = {name: pool.capacity.remember() for name, pool in sorted(self.pools.items())}
         return {
-            "power": self.power.held(), "weights": weights, "batch_guards": guards,
-            "budgets": budgets,
+            "power": self.power.held(), "weights": weights, "pool_weights": pool_weights,
+            "batch_guards": guards, "budgets": budgets,
         }  # fmt: skip
 
     def adopt(self, held: dict[str, Any]) -> None:
@@ -206,6 +212,8 @@ class ControlPlanner(ThrottleIssuer):
             self.power.adopt(held["power"])
             for pool, u, weight in held["weights"]:
                 self.routing.weights[(str(pool), str(u))] = float(weight)
+            for pool, model, weight in held.get("pool_weights", []):  # absent before them
+                self.routing.pool_weights[(str(pool), str(model))] = float(weight)
             for name, guard in held.get("batch_guards", {}).items():
                 self._pool(str(name)).guard.recall(guard)
             for name, budget in held.get("budgets", {}).items():
@@ -236,7 +244,7 @@ class ControlPlanner(ThrottleIssuer):
         if isinstance(tick, ServingTick):
             period, out = self._period(tick.observed_at), []
             for replica in tick.samples:
-                out += self._serve(replica, period)
+                out += self._serve(replica, period, tick.region)
             return out
         for device in tick.samples:
             self.power.device(tick.node_id, tick.rack_id, device)
@@ -250,7 +258,7 @@ class ControlPlanner(ThrottleIssuer):
         return out + self._route_caps(out) + self._route_short(reading)
 
     def serving(self, metrics: ServingMetrics | ServingSample) -> list[ControlOutput]:
-        return self._serve(metrics, self._period(metrics.observed_at))
+        return self._serve(metrics, self._period(metrics.observed_at), metrics.region)
 
     def _pool(self, name: str) -> _Pool:
         pool = self.pools.get(name)
@@ -262,9 +270,10 @@ class ControlPlanner(ThrottleIssuer):
             )
         return pool
 
-    def _serve(self, metrics: ReplicaReading, period: int) -> list[ControlOutput]:
+    def _serve(self, metrics: ReplicaReading, period: int, region: str) -> list[ControlOutput]:
         """One replica's report of control period ``period`` (of its event time)."""
         pool = self._pool(metrics.pool)
+        self.regions.setdefault(metrics.pool, region)
         out = []
         if period > pool.period >= 0:
             out = self._close_pool(metrics.pool, pool)
@@ -456,14 +465,32 @@ class ControlPlanner(ThrottleIssuer):
                 batch=(r.work - r.queue) / r.reports, tpot_s=r.tpot_s / n,
                 held=self.power.holds(r.device_uuid),
                 at_floor=self.power.at_floor(r.device_uuid), model=r.model,
+                batch_cap=self.pools[name].guard.target, waiting=r.queue / r.reports,
             )  # fmt: skip
         for u in self.routing.weighted(name):
             if u not in seen:  # weighted down, and silent this period
                 rack_id = self.power.rack_of(u) or ""
                 seen[u] = ReplicaServing(u, rack_id, 0.0, 0.0, 0.0, held=self.power.holds(u))
         k = self.wiring.tpot_doubling_batch
-        changes = self.routing.step(name, list(seen.values()), doubling_batch=k, crowded=crowded)
-        return [self._weight_output(end, name, w) for w in changes]
+        serving = self.last_serving[name] = list(seen.values())
+        changes = self.routing.step(name, serving, doubling_batch=k, crowded=crowded)
+        region = self.regions.get(name)
+        others = [r for pool, rs in self.last_serving.items()
+                  if pool != name and self.regions.get(pool) == region for r in rs]  # fmt: skip
+        target_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
+        moves = self.routing.step_pools(name, serving, others, doubling_batch=k,
+                                        target_tpot_s=target_s, crowded=crowded)  # fmt: skip
+        return [self._weight_output(end, name, w) for w in changes] + [
+            self._pool_weight_output(end, w) for w in moves
+        ]
+
+    def _pool_weight_output(self, at: datetime, change: PoolWeight) -> ControlOutput:
+        return self._output(
+            at, change.model, POWER_ROUTING, RouteAction.DEWEIGHT, change.reason.value,
+            change.message, Target(pool=change.pool), changed=True,
+            extra={"desired": change.desired, "applied": change.weight},
+            params={"weight_ratio": round(change.weight, 4), "model": change.model},
+        )  # fmt: skip
 
 
 CLAIM_LIFE_PERIODS = 3

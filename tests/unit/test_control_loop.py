@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
@@ -58,16 +58,20 @@ def _run(
     move_batch: bool = True,
     each_step: Callable[[Simulation], None] | None = None,
     power_routing: bool = True,
+    across_pools: bool = True,
+    scenario_file: str = "pdu-overload.yaml",
+    tpot_slo_s: float = 0.08,
 ) -> tuple[Simulation, list[ControlOutput]]:
-    scenario = load_scenario(SCENARIOS / "pdu-overload.yaml")
+    scenario = load_scenario(SCENARIOS / scenario_file)
     demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
     dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
     planner = ControlPlanner(
         ControlWiring(
-            signing_key=KEY, period_s=2.0, tpot_slo_s=0.08, global_budget_devices=global_budget,
+            signing_key=KEY, period_s=2.0, tpot_slo_s=tpot_slo_s,
+            global_budget_devices=global_budget,
             power=PowerConfig(move_after_periods=3 if move_batch else 10**9),
-            power_routing=PowerRoutingConfig(enabled=power_routing),
+            power_routing=PowerRoutingConfig(enabled=power_routing, across_pools=across_pools),
         )
     )  # fmt: skip
     outputs: list[ControlOutput] = []
@@ -444,6 +448,50 @@ def test_capped_devices_get_less_work_and_their_tpot_meets_their_peers_then_come
     assert weights and all(isinstance(c, RouteCommand) and c.target.pool for c in weights)
     # after the feed is repaired the caps come off, and the weights with them
     assert sim.fleet.router.replica_weights == {}
+
+
+def test_a_pool_every_cap_holds_sends_its_share_of_a_model_to_the_regions_other_pool() -> None:
+    # pool-capped: rack 0 holds the region's whole A100 pool and loses most of its feed; no
+    # A100 replica runs free to take a capped one's share, only the H100 pool on rack 1
+    slo_s = 0.05  # llama-70b runs 43 ms on a free A100, 55 ms and more capped; 31 on an H100
+
+    def watch(tally: dict[str, float]) -> Callable[[Simulation], None]:
+        def each(sim: Simulation) -> None:  # requests served: over the SLO, their TTFT, lost
+            for d in sim.fleet.devices.values():
+                if d.model and d.tpot_s > 0:
+                    tally["served"] += d.served_rps
+                    tally["over"] += d.served_rps * (d.tpot_s > slo_s)
+                    tally["ttft"] += d.served_rps * d.ttft_s
+                    tally["rejected"] += d.rejected
+
+        return each
+
+    plain: dict[str, float] = defaultdict(float)
+    routed: dict[str, float] = defaultdict(float)
+    run = partial(_run, controlled=True, seconds=480, scenario_file="pool-capped.yaml",
+                  tpot_slo_s=slo_s)  # fmt: skip
+    _, plain_outputs = run(each_step=watch(plain), across_pools=False)
+    sim, outputs = run(each_step=watch(routed))
+    assert plain["over"] > 0.01 * plain["served"]  # what routing within the pool leaves
+    assert routed["over"] < 0.6 * plain["over"], (plain, routed)
+    # moved, not dropped, and not traded for a wait: no more lost, a shorter TTFT
+    assert routed["rejected"] <= plain["rejected"] and routed["served"] > 0.97 * plain["served"]
+    assert routed["ttft"] / routed["served"] < plain["ttft"] / plain["served"], (plain, routed)
+    assert not [c for c in sim.faults.consequences if c["what"] == "breaker_trip"]
+    said = Counter((o.decision.reason, o.decision.pool) for o in outputs
+                   if o.decision.controller == "power_routing")  # fmt: skip
+    assert said[("pool_capped", "us-east-a100")] > 0 and said[("pool_caps_lifted", "us-east-a100")]
+    assert not any(o.decision.reason.startswith("pool_") for o in plain_outputs)
+    moves = [o for o in outputs if o.decision.reason.startswith("pool_")]
+    for o in moves:  # addressed to the pool for one model: the region's router table
+        assert isinstance(o.command, RouteCommand) and verify(o.command, keys=COMMAND_KEYS)
+        assert o.command.target.pool == "us-east-a100" and o.command.target.device_uuid is None
+        assert o.command.model == o.decision.target and o.command.weight_ratio == pytest.approx(
+            o.decision.applied, abs=1e-4
+        )
+    assert min(o.decision.applied or 1.0 for o in moves) < 0.5
+    # after the feed is repaired the caps come off, and every share comes back
+    assert sim.fleet.router.pool_weights and set(sim.fleet.router.pool_weights.values()) == {1.0}
 
 
 def _speed_decisions(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from controllers.power_routing import (
+    PoolWeight,
     PowerRouter,
     PowerRouteReason,
     PowerRoutingConfig,
@@ -180,6 +181,122 @@ def test_a_held_replica_faster_than_its_free_peers_is_left_alone() -> None:
     taus = {"gpu-0": TAU_S / 50, "gpu-1": TAU_S * 5}
     replicas = _period(taus, dict.fromkeys(taus, 1.0), 0.05 * DOUBLING / TAU_S, {"gpu-0"})
     assert PowerRouter(PowerRoutingConfig()).step("pool", replicas, doubling_batch=DOUBLING) == []
+
+
+TARGET_S = 0.040  # the latency setpoint a held pool's TPOT is brought to
+HELD_TAU_S = TAU_S / 0.6  # capped to 60% of its clock
+
+
+def _region(
+    pool_weight: float, total: float, *, held: bool = True, tau_a: float = HELD_TAU_S,
+    free: int = 4,
+) -> tuple[list[ReplicaServing], list[ReplicaServing]]:  # fmt: skip
+    """One period of a region serving one model from two pools: pool "a" (4 replicas on
+    rack 0, ``held`` by our caps, time per token ``tau_a``) at ``pool_weight``, and pool "b"
+    (``free`` replicas on rack 1, full clock). The region's router splits the model's
+    total intensity over all of them by weight."""
+    taus = {f"a-{i}": tau_a for i in range(4)} | {f"b-{i}": TAU_S for i in range(free)}
+    weights = {u: pool_weight if u.startswith("a") else 1.0 for u in taus}
+    share = sum(weights.values())
+    out = []
+    for u, tau in taus.items():
+        a = total * weights[u] / share
+        tpot = tau / max(1e-6, 1.0 - a * tau / DOUBLING)
+        mine = u.startswith("a")
+        out.append(ReplicaServing(u, "rack-0" if mine else "rack-1", tau, a * tpot, tpot,
+                                  held=held and mine, model="m"))  # fmt: skip
+    return [r for r in out if r.device_uuid.startswith("a")], [
+        r for r in out if r.device_uuid.startswith("b")
+    ]
+
+
+def _pools(
+    router: PowerRouter, total: float, periods: int, **region: float | bool
+) -> tuple[list[PoolWeight], list[ReplicaServing]]:
+    """``periods`` of pool "a" against pool "b": its weight changes, and the last period."""
+    changes: list[PoolWeight] = []
+    for _ in range(periods):
+        mine, others = _region(router.pool_weight("a", "m"), total, **region)  # type: ignore[arg-type]
+        changes += router.step_pools("a", mine, others, doubling_batch=DOUBLING,
+                                     target_tpot_s=TARGET_S)  # fmt: skip
+    return changes, _region(router.pool_weight("a", "m"), total, **region)[0]  # type: ignore[arg-type]
+
+
+def test_a_pool_every_cap_holds_sends_its_share_to_the_regions_other_pools_and_takes_it_back() -> (
+    None
+):
+    # 900 sequences per second of TPOT on each of 8 replicas: pool "a", capped to 60% of its
+    # clock, runs 43.5 ms against a 40 ms setpoint; pool "b" runs 23 ms, with room to spare
+    total = 8 * 900.0
+    router = PowerRouter(PowerRoutingConfig())
+    mine, _ = _region(1.0, total)
+    assert mine[0].tpot_s > 1.08 * TARGET_S
+    changes, mine = _pools(router, total, 12)
+    assert changes and all(c.reason is PowerRouteReason.POOL_CAPPED for c in changes)
+    assert changes[0].weight < 1.0 and "every replica held down" in changes[0].message
+    assert mine[0].tpot_s == pytest.approx(TARGET_S, rel=0.06)  # at the setpoint, not under it
+    assert 0.3 < router.pool_weight("a", "m") < 0.95
+    assert _pools(router, total, 3)[0] == []  # settled: nothing more to send
+    # the caps lift: its devices run at full clock again, and its share comes back
+    back = []
+    for _ in range(6):
+        mine, others = _region(router.pool_weight("a", "m"), total, held=False, tau_a=TAU_S)
+        for c in router.step_pools("a", mine, others, doubling_batch=DOUBLING,
+                                   target_tpot_s=TARGET_S):  # fmt: skip
+            assert c.reason is PowerRouteReason.POOL_LIFTED
+            assert c.weight <= 1.5 * c.previous + 1e-9
+            back.append(c.weight)
+    assert back and back[-1] == 1.0 and router.pool_weight("a", "m") == 1.0
+
+
+def test_a_held_pool_sends_no_more_than_the_other_pools_can_take_at_the_setpoint() -> None:
+    # one free replica elsewhere, and busy: pool "a" may give it only what keeps its TPOT
+    # at the setpoint too, so "a" stays over it
+    total = 5 * 1_600.0
+    router = PowerRouter(PowerRoutingConfig())
+    _pools(router, total, 12, free=1)
+    mine, others = _region(router.pool_weight("a", "m"), total, free=1)
+    assert mine[0].tpot_s > 1.1 * TARGET_S  # still over: nowhere to send the rest
+    assert others[0].tpot_s < TARGET_S * 1.06  # and the other pool not pushed past it
+    assert router.pool_weight("a", "m") < 1.0
+
+
+def test_a_held_pool_takes_its_share_back_while_work_waits_elsewhere_and_none_here() -> None:
+    # the other pool's throughput ran out before its TPOT showed it: work waits there. A
+    # slow token here beats a wait for a slot there, so the share comes back, at the rise
+    # limit; once work waits here too, it is held
+    router = PowerRouter(PowerRoutingConfig())
+    router.pool_weights[("a", "m")] = 0.3
+    mine, others = _region(0.3, 8 * 900.0)
+    queued = [ReplicaServing(r.device_uuid, r.rack_id, r.unit_tpot_s, r.batch, r.tpot_s,
+                             model="m", waiting=12.0) for r in others]  # fmt: skip
+    [back] = router.step_pools("a", mine, queued, doubling_batch=DOUBLING, target_tpot_s=TARGET_S)
+    assert back.reason is PowerRouteReason.POOL_CAPPED and back.weight == pytest.approx(0.45)
+    assert "work waits" in back.message
+    waiting_here = [ReplicaServing(r.device_uuid, r.rack_id, r.unit_tpot_s, r.batch, r.tpot_s,
+                                   held=True, model="m", waiting=3.0) for r in mine]  # fmt: skip
+    assert router.step_pools("a", waiting_here, queued, doubling_batch=DOUBLING,
+                             target_tpot_s=TARGET_S) == []  # fmt: skip
+
+
+def test_a_held_pool_within_its_setpoint_or_with_a_free_replica_keeps_its_share() -> None:
+    router = PowerRouter(PowerRoutingConfig())
+    assert _pools(router, 8 * 300.0, 4)[0] == []  # capped, yet well within the setpoint
+    mine, others = _region(1.0, 8 * 900.0)
+    # one of its replicas runs free: the pool's own routing gives it the share
+    mine[0] = ReplicaServing(mine[0].device_uuid, "rack-1", TAU_S, mine[0].batch,
+                             mine[0].tpot_s, model="m")  # fmt: skip
+    assert router.step_pools("a", mine, others, doubling_batch=DOUBLING,
+                             target_tpot_s=TARGET_S) == []  # fmt: skip
+    # nothing free elsewhere to send it to
+    held_all = [ReplicaServing(r.device_uuid, r.rack_id, r.unit_tpot_s, r.batch, r.tpot_s,
+                               held=True, model="m") for r in others]  # fmt: skip
+    mine, _ = _region(1.0, 8 * 900.0)
+    assert router.step_pools("a", mine, held_all, doubling_batch=DOUBLING,
+                             target_tpot_s=TARGET_S) == []  # fmt: skip
+    # turned off, for a router that cannot move a model between pools
+    off = PowerRouter(PowerRoutingConfig(across_pools=False))
+    assert _pools(off, 8 * 900.0, 4)[0] == []
 
 
 @pytest.mark.parametrize(

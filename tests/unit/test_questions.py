@@ -217,9 +217,15 @@ def test_power_routing(seeded: tuple[ClickHouseStore, Seeded]) -> None:
     rows = ask(seeded[0], "power_routing")
     assert rows, "the capped rack's replicas were weighted down"
     assert all(0.1 <= r["lowest_weight"] < 1.0 and r["changes"] >= 1 for r in rows)
+    replicas = [r for r in rows if r["device_uuid"] is not None]
+    assert replicas and all(r["model"] is None for r in replicas)
     assert all(r["last_reason"] in {"device_capped", "rack_over_limit", "caps_lifted"}
-               for r in rows)  # fmt: skip
-    assert all(r["rack_id"] and r["device_uuid"] in r["last_message"] for r in rows)
+               for r in replicas)  # fmt: skip
+    assert all(r["rack_id"] and r["device_uuid"] in r["last_message"] for r in replicas)
+    # a pool's weight for one model (every replica of it capped): named by its model
+    pools = [r for r in rows if r["device_uuid"] is None]
+    assert all(r["model"] in r["last_message"] and r["last_reason"].startswith("pool_")
+               for r in pools)  # fmt: skip
 
 
 def test_dead_letters_by_topic_and_error(seeded: tuple[ClickHouseStore, Seeded]) -> None:
