@@ -84,8 +84,10 @@ def run_loop(
     worker_env: dict[str, str] | None = None,
     scenario: Path | None = None,
     speed: float = 1.0,
+    nodes: int | None = 4,
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
-    """A stream worker and the simulated fleet, each its own process, on fresh topics."""
+    """A stream worker and the simulated fleet, each its own process, on fresh topics
+    (``nodes`` of them; None: the scenario's own count)."""
     asyncio.run(ensure_topics(bootstrap, prefix=prefix))
     worker = WorkerProcess(
         bootstrap=bootstrap,
@@ -102,6 +104,7 @@ def run_loop(
         web_port=free_port(),
         scenario=scenario,
         speed=speed,
+        nodes=nodes,
     )
     try:
         worker.start()
@@ -120,6 +123,7 @@ def run_signed_scenario(
     *,
     worker_extra: tuple[str, ...] = (),
     speed: float = 2.0,
+    nodes: int | None = 4,
 ) -> Iterator[tuple[SimProcess, WorkerProcess]]:
     """:func:`run_loop` on a scenario given as YAML, the worker signing its commands."""
     scenario = home / "scenario.yaml"
@@ -132,6 +136,7 @@ def run_signed_scenario(
         worker_env={"FLEETLOOP_COMMAND_KEYS": COMMAND_KEYS_SETTING},
         scenario=scenario,
         speed=speed,
+        nodes=nodes,
     )
 
 

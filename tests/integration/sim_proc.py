@@ -29,6 +29,7 @@ class SimProcess:
         web_port: int,
         scenario: Path | None = None,
         speed: float = 1.0,
+        nodes: int | None = 4,  # None: the scenario's own
     ) -> None:
         self.url = f"http://127.0.0.1:{web_port}"
         self.log_path = home / "sim.log"
@@ -41,8 +42,7 @@ class SimProcess:
             bootstrap,
             "--topic-prefix",
             prefix,
-            "--nodes",
-            "4",
+            *(["--nodes", str(nodes)] if nodes is not None else []),
             "--speed",
             str(speed),
             *(["--scenario", str(scenario)] if scenario else []),

@@ -50,6 +50,7 @@ def control_loop(
         tmp_path,
         SCENARIO,
         worker_extra=("--control.tpot-slo-s", str(SLO_S)),
+        nodes=None,  # the scenario's eight
     )
 
 
@@ -131,3 +132,75 @@ def test_a_feed_loss_and_a_slowdown_together_trip_nothing_and_leave_no_breach(
     # within its SLO, and stays there
     late = {s: round(t, 4) for s, t in after.items() if t > SLO_S}
     assert not late, late
+
+
+# rack 0 holds the region's whole A100 pool (nodes 0-3), rack 1 the H100 pool serving the
+# same models; rack 0 loses 65% of its feed from 30 s to 150 s (pool-capped, shortened)
+POOL_CAPPED = """
+name: pool-capped-live
+duration_s: 3600
+fleet: {nodes: 8, seed: 7, type_mix: [A100, A100, A100, A100, H100, H100, H100, H100]}
+demand: {kind: synthetic, load_ratio: 0.6}
+faults:
+  - {kind: pdu_overload, target: {rack: 0}, start_s: 30, duration_s: 120,
+     params: {breaker_limit_ratio: 0.35, trip_after_s: 10}}
+"""
+CAPPED_POOL = "us-east-a100"
+
+
+@pytest.fixture
+def pool_capped_loop(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> Iterator[tuple[SimProcess, WorkerProcess]]:
+    yield from run_signed_scenario(
+        kafka_bootstrap, topic_prefix, tmp_path, POOL_CAPPED,
+        worker_extra=("--control.tpot-slo-s", "0.05"), nodes=None,  # the scenario's eight
+    )  # fmt: skip
+
+
+def test_a_pool_every_cap_holds_sends_a_models_share_to_the_other_pool_and_takes_it_back(
+    pool_capped_loop: tuple[SimProcess, WorkerProcess], topic_prefix: str
+) -> None:
+    """Every A100 replica capped, none free to take a share: the control role moves the
+    A100 pool's weight for a model (llama-70b is 55 ms and more a token there capped,
+    against a 50 ms SLO) to the H100 pool through a signed command the simulated router
+    applies, and back once the caps lift; decisions and results in ClickHouse."""
+    sim, worker = pool_capped_loop
+    mine = f"src_topic LIKE '{topic_prefix}%'"
+
+    def weights() -> dict[str, float]:
+        table = sim.get("/routes")["pool_weights"]
+        return {k: float(w) for k, w in table.items() if k.endswith(f"@{CAPPED_POOL}")}
+
+    lowest: dict[str, float] = {}
+
+    def moved() -> bool:
+        for key, w in weights().items():
+            lowest[key] = min(w, lowest.get(key, 1.0))
+        return any(w < 0.5 for w in lowest.values())
+
+    until(moved, what="a model's share moved off the capped pool", proc=sim, timeout_s=240)
+    # the feed is back at 150 s: the caps lift, and every share comes back
+    until(lambda: bool(weights()) and set(weights().values()) == {1.0},
+          what="the shares back", proc=sim, timeout_s=300)  # fmt: skip
+
+    def said() -> dict[tuple[str, str], int]:
+        rows = worker.sql(
+            "SELECT d.reason, r.status, count() FROM fleetloop.decisions AS d INNER JOIN "
+            "fleetloop.command_results AS r ON r.command_id = d.command_id "
+            f"WHERE d.{mine} AND r.{mine} AND d.controller = 'power_routing' "
+            f"AND d.pool = '{CAPPED_POOL}' AND startsWith(d.reason, 'pool_') "
+            "GROUP BY d.reason, r.status"
+        )
+        return {(reason, status): int(n) for reason, status, n in rows}
+
+    until(lambda: said().get(("pool_caps_lifted", "applied"), 0) > 0,
+          what="the decisions and their results", proc=sim)  # fmt: skip
+    results = said()
+    assert results.get(("pool_capped", "applied"), 0) > 0, results
+    assert {status for _, status in results} == {"applied"}, results
+    [[targets]] = worker.sql(
+        "SELECT groupUniqArray(target) FROM fleetloop.decisions "
+        f"WHERE {mine} AND controller = 'power_routing' AND startsWith(reason, 'pool_')"
+    )
+    assert set(targets) <= {"llama-70b", "mixtral-8x7b", "qwen-7b"} and set(targets), targets
