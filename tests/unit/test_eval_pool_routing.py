@@ -1,0 +1,35 @@
+"""The evaluation of power-aware routing across pools (:mod:`evaluations.pool_routing`):
+its grid, its base variant the committed scenario, and the routing's effect there with the
+worker's own settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents.sim.scenario import load_scenario
+from evaluations.pool_routing import BUILT_ON, run, summary, variants
+
+SCENARIOS = Path(__file__).parents[2] / "scenarios"
+
+
+def test_the_grid_is_48_variants_each_its_own_seed_and_its_base_the_committed_scenario() -> None:
+    grid = variants()
+    assert len(grid) == 48 and len({v.seed for v in grid}) == 48
+    [base] = [v for v in grid if (v.capped, v.other, v.load, v.feed, v.slo_s) == BUILT_ON]
+    committed = load_scenario(SCENARIOS / "pool-capped.yaml")
+    drawn = base.scenario()
+    assert drawn.fleet == committed.fleet and drawn.faults == committed.faults
+    assert drawn.demand == committed.demand
+
+
+def test_routing_across_pools_halves_the_requests_served_over_the_slo_on_its_base() -> None:
+    [base] = [v for v in variants() if (v.capped, v.other, v.load, v.feed, v.slo_s) == BUILT_ON]
+    off = run(base, across_pools=False)
+    on = run(base, across_pools=True)
+    assert off.pool_moves == 0 and on.pool_moves > 0
+    assert off.over_slo_ratio > 0.01  # every A100 replica capped: llama-70b over 50 ms
+    assert on.over_slo_ratio < 0.6 * off.over_slo_ratio, (off, on)
+    assert on.refused <= off.refused and on.trips == off.trips == 0
+    assert on.expired_commands == off.expired_commands == 0
+    total = summary([(base, off, on)])
+    assert total["moved"] == 1 and total["over_slo_ratio"]["better"] == 1
