@@ -204,33 +204,15 @@ class PowerRouter:
             factor = factors.get(r.device_uuid)
             # nothing known of it this period, or its TPOT with its peers': nothing to correct
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
-            ratio = 1.0
-            if level or factor is None or reference <= 0:
-                desired = now  # (no reference: the free replicas could take nothing more)
-            else:
-                ratio = factor / reference
-                # a held device's clock falls as its load rises: a rise takes half the step
-                # (in a crowded pool, as much as a fall: what it could carry and does not
-                # waits, and a step over the tolerance is always taken)
-                gain = c.gain / 2 if ratio > 1 and not crowded else c.gain
-                desired = min(1.0, now * ratio**gain)
+            # (no reference: the free replicas could take nothing more)
+            ratio = 1.0 if level or factor is None or reference <= 0 else factor / reference
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
                 desired, new = 1.0, min(1.0, now * c.max_rise_ratio)
                 send = new > now
                 reason = PowerRouteReason.LIFTED
             else:
-                if r.at_floor:
-                    desired = min(desired, now)
-                new = max(c.min_weight, min(desired, now * c.max_rise_ratio))
-                # a correction whose whole step, or whose damped step, is under the tolerance
-                # (half of it) moves its TPOT by less than the noise the tolerance forgives:
-                # not worth an action (an oscillating load would send one every period)
-                send = abs(new - now) >= STEP and (
-                    ratio <= 0
-                    or (abs(math.log(ratio)) >= math.log1p(c.tolerance)
-                        and (crowded
-                             or abs(math.log(new / now)) >= math.log1p(c.tolerance / 2)))
-                )  # fmt: skip
+                desired, new, send = self._move(now, ratio, crowded=crowded,
+                                                at_floor=r.at_floor)  # fmt: skip
                 reason = PowerRouteReason.CAPPED
             if send:
                 self.weights[(pool, r.device_uuid)] = new
@@ -238,6 +220,33 @@ class PowerRouter:
                 out.append(ReplicaWeight(r.device_uuid, r.rack_id, new, now, desired, reason,
                                          message))  # fmt: skip
         return out
+
+    def _move(
+        self, weight: float, ratio: float, *, crowded: bool, at_floor: bool,
+        fall_limit: bool = False,
+    ) -> tuple[float, float, bool]:  # fmt: skip
+        """A held replica's or pool's ``weight`` and the model's ratio of intensities for it:
+        the weight the model wants, the one to send within the limits, and whether it is
+        worth sending (``fall_limit``: a fall of at most 1 / ``max_rise_ratio``)."""
+        c = self.config
+        # a held device's clock falls as its load rises: a rise takes half the step (in a
+        # crowded pool, as much as a fall: what it could carry and does not waits, and a
+        # step over the tolerance is always taken)
+        gain = c.gain / 2 if ratio > 1 and not crowded else c.gain
+        desired = min(1.0, weight * ratio**gain)
+        if at_floor:
+            desired = min(desired, weight)
+        lowest = max(c.min_weight, weight / c.max_rise_ratio) if fall_limit else c.min_weight
+        new = max(lowest, min(desired, weight * c.max_rise_ratio))
+        # a correction whose whole step, or whose damped step, is under the tolerance (half
+        # of it) moves its TPOT by less than the noise the tolerance forgives: not worth an
+        # action (an oscillating load would send one every period)
+        send = abs(new - weight) >= STEP and (
+            ratio <= 0
+            or (abs(math.log(ratio)) >= math.log1p(c.tolerance)
+                and (crowded or abs(math.log(new / weight)) >= math.log1p(c.tolerance / 2)))
+        )  # fmt: skip
+        return desired, new, send
 
     def step_pools(
         self,
@@ -315,18 +324,11 @@ class PowerRouter:
         if abs(math.log(tpot / target_s)) <= math.log1p(c.tolerance):
             return None  # within the noise of the target
         ratio = max(0.0, wanted) / held  # 0: the others can take it all
-        gain = c.gain / 2 if ratio > 1 and not crowded else c.gain
-        desired = min(1.0, now * ratio**gain)
-        if all(r.at_floor for r in group):
-            desired = min(desired, now)
         # a fall at most 1 / max_rise_ratio a period: what the others can take is judged by
         # their TPOT, and their throughput may run out first (a queue stops it)
-        new = max(c.min_weight, now / c.max_rise_ratio, min(desired, now * c.max_rise_ratio))
-        if abs(new - now) < STEP or (
-            ratio > 0
-            and (abs(math.log(ratio)) < math.log1p(c.tolerance)
-                 or (not crowded and abs(math.log(new / now)) < math.log1p(c.tolerance / 2)))
-        ):  # fmt: skip
+        desired, new, send = self._move(now, ratio, crowded=crowded, fall_limit=True,
+                                        at_floor=all(r.at_floor for r in group))  # fmt: skip
+        if not send:
             return None
         peer_tpot = sum(r.tpot_s for r in peers) / len(peers)
         message = (

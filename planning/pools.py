@@ -474,9 +474,11 @@ class ControlPlanner(ThrottleIssuer):
         k = self.wiring.tpot_doubling_batch
         serving = self.last_serving[name] = list(seen.values())
         changes = self.routing.step(name, serving, doubling_batch=k, crowded=crowded)
+        # the other pools' replicas matter only to a model every cap holds here
         region = self.regions.get(name)
         others = [r for pool, rs in self.last_serving.items()
-                  if pool != name and self.regions.get(pool) == region for r in rs]  # fmt: skip
+                  if pool != name and self.regions.get(pool) == region for r in rs
+                  ] if any(r.held for r in serving) else []  # fmt: skip
         target_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
         moves = self.routing.step_pools(name, serving, others, doubling_batch=k,
                                         target_tpot_s=target_s, crowded=crowded)  # fmt: skip
