@@ -276,7 +276,9 @@ class ControlPlanner(ThrottleIssuer):
         self.regions.setdefault(metrics.pool, region)
         out = []
         if period > pool.period >= 0:
-            out = self._close_pool(metrics.pool, pool)
+            # the pool's period closes at its first report of a later one: at once, or, when
+            # the pool fell silent (a tripped rack, a lost agent), minutes later
+            out = self._close_pool(metrics.pool, pool, learned=self._end(period - 1))
         if period >= pool.period:
             pool.period = period
             if metrics.tpot_p95_s is not None:
@@ -297,8 +299,15 @@ class ControlPlanner(ThrottleIssuer):
 
     # -- period ends ----------------------------------------------------------------------
 
-    def _close_pool(self, name: str, pool: _Pool) -> list[ControlOutput]:
+    def _close_pool(self, name: str, pool: _Pool, *, learned: datetime) -> list[ControlOutput]:
+        """The pool's period, closed: its controllers step at the period's end (their
+        dynamics are per period), and what they decide is decided and issued when the
+        planner learns the period is over (``learned``: its end, unless the pool fell silent
+        past it). A command stamped with an end minutes old would reach its executor already
+        expired, and the planner would go on believing a budget, cap or weight that never
+        applied."""
         wiring, end = self.wiring, self._end(pool.period)
+        at = max(end, learned)
         # each model is held to the SLO on its own: the pool answers for its slowest
         per_model = [_pool_p95(samples) for samples in pool.tpot.values()]
         tpot = max((t for t in per_model if t is not None), default=None)
@@ -353,7 +362,7 @@ class ControlPlanner(ThrottleIssuer):
             pool.said = d.reason
             spend = split_levers(d.applied, base, wiring.levers)
             out.append(self._output(
-                end, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
+                at, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
                 f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
                 f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
                 Target(pool=name), changed=d.applied != before,
@@ -365,14 +374,14 @@ class ControlPlanner(ThrottleIssuer):
             ))  # fmt: skip
         if b.target != b.previous:
             out.append(self._output(
-                end, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
+                at, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
                 Target(pool=name), changed=True,
                 extra={"desired": float(b.target), "applied": float(b.target)},
                 params={"batch_size_max": b.target},
             ))  # fmt: skip
         # mandatory work waits with no optional work left to give up: capacity is the SLO
         crowded = waiting and before == 0.0 and d.applied == 0.0
-        return out + self._route_replicas(name, end, replicas, crowded=crowded)
+        return out + self._route_replicas(name, at, replicas, crowded=crowded)
 
     def _guard(
         self,
@@ -450,7 +459,7 @@ class ControlPlanner(ThrottleIssuer):
         )  # fmt: skip
 
     def _route_replicas(
-        self, name: str, end: datetime, replicas: list[ReplicaLoad], *, crowded: bool
+        self, name: str, at: datetime, replicas: list[ReplicaLoad], *, crowded: bool
     ) -> list[ControlOutput]:
         """The router's weight for each of the pool's replicas whose device our caps hold
         down (and back to 1 once none does); ``crowded``: the pool's mandatory work waits."""
@@ -482,8 +491,8 @@ class ControlPlanner(ThrottleIssuer):
         target_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
         moves = self.routing.step_pools(name, serving, others, doubling_batch=k,
                                         target_tpot_s=target_s, crowded=crowded)  # fmt: skip
-        return [self._weight_output(end, name, w) for w in changes] + [
-            self._pool_weight_output(end, w) for w in moves
+        return [self._weight_output(at, name, w) for w in changes] + [
+            self._pool_weight_output(at, w) for w in moves
         ]
 
     def _pool_weight_output(self, at: datetime, change: PoolWeight) -> ControlOutput:

@@ -8,7 +8,7 @@ import json
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agents.envelopes import pack
+from agents.executors.gate import CommandGate
 from agents.sim.control import SimControl
 from agents.sim.scenario import load_scenario
 from agents.sim.simulation import Simulation
@@ -245,6 +246,33 @@ def test_optional_work_that_waits_is_not_taken_for_baseline() -> None:
         ]
 
     assert feedforward(0) and feedforward(30) == pytest.approx(feedforward(0))
+
+
+def test_a_pool_back_from_silence_is_decided_when_it_reports_and_its_commands_are_live() -> None:
+    # a replica with room reports for a minute (the budget rises), falls silent for five
+    # minutes (its rack tripped) and reports again. Its last period closes then: the
+    # controllers step at that period's end, but what they decide is decided and issued at
+    # the report, so an executor takes it; stamped with the old end it arrived expired and
+    # the planner believed a budget that never applied
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    gate = CommandGate(keys=COMMAND_KEYS)
+    for k in range(56):
+        for o in planner.serving(_report(k, tpot_s=0.03, queue=0, batch=32, optional=1)):
+            if o.command is not None:
+                assert gate.refuse(o.command, now=START + timedelta(seconds=k)) is None
+    back = 56 + 300  # the last report was in the period ending at 60 s
+    late = planner.serving(_report(back, tpot_s=0.03, queue=0, batch=32, optional=1))
+    commands = [o.command for o in late if o.command is not None]
+    assert commands, "the period closed late decided nothing: the test shows nothing"
+    # the start of the period the report is in
+    learned = datetime.fromtimestamp((START.timestamp() + back) // 10.0 * 10.0, UTC)
+    assert {o.decision.decided_at for o in late} == {learned}
+    for command in commands:
+        assert command.issued_at == learned
+        assert gate.refuse(command, now=START + timedelta(seconds=back)) is None
+    # a period closed on time is decided at its end, as ever
+    on_time = planner.serving(_report(back + 10, tpot_s=0.03, queue=0, batch=32, optional=1))
+    assert {o.decision.decided_at for o in on_time} <= {learned + timedelta(seconds=10)}
 
 
 def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
