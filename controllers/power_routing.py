@@ -39,9 +39,12 @@ now), rise at most ``max_rise_ratio`` a period (a lower weight may be what
 keeps its rack under its limit), never
 while its cap is at the driver's floor, and never go under ``min_weight``. A
 replica on a rack the power side leaves over its limit with every lever spent
-sheds the share of its pool's draw there that the rack is over, at once, once a
-period (a breaker trips in seconds). A replica no cap holds any more goes back
-to weight 1 as fast as the rise limit allows.
+sheds the share of its pool's draw there that the rack is over, at once (the
+planner sheds at the plan, and again at each reading that still finds the rack
+over its breaker: a breaker trips in seconds); once its replicas there are at
+``min_weight`` and the rack is still over, their pool's share of the model
+among the region's pools goes (:meth:`PowerRouter.shed_pool`). A replica no
+cap holds any more goes back to weight 1 as fast as the rise limit allows.
 
 Example::
 
@@ -82,7 +85,7 @@ class PowerRoutingConfig:
     # the share of the model's step taken each period: a capped device's clock rises as its
     # load falls, so the full step overshoots (the next period would swing it back)
     gain: float = 0.5
-    max_shed_ratio: float = 0.5  # the most one period's over-limit cut takes off a weight
+    max_shed_ratio: float = 0.5  # the most one over-limit cut (one reading) takes off a weight
 
     def __post_init__(self) -> None:
         if not 0.0 < self.min_weight <= 1.0:
@@ -364,6 +367,29 @@ class PowerRouter:
         why = f"{rack_id} is {over_ratio:.0%} over its limit with every cap at its floor"
         kept = 1.0 - min(self.config.max_shed_ratio, over_ratio)
         return self._cut(pool, device_uuid, rack_id, kept, PowerRouteReason.OVER_LIMIT, why)
+
+    def shed_pool(
+        self, pool: str, model: str, rack_id: str, *, over_ratio: float
+    ) -> PoolWeight | None:
+        """Its replicas of ``model`` on ``rack_id``, over its limit with every lever spent,
+        weigh the least a replica may and the rack is still over: the pool's share of the
+        model among the region's pools goes down by ``over_ratio`` (at most
+        ``max_shed_ratio``), at once. Only where the pool has no replica of the model that
+        runs free (``step_pools`` brings it back once one does, or once the caps lift)."""
+        c = self.config
+        if not c.enabled or not c.across_pools or over_ratio <= 0:
+            return None
+        now = self.pool_weight(pool, model)
+        new = max(c.min_weight, now * (1.0 - min(c.max_shed_ratio, over_ratio)))
+        if now - new < STEP:
+            return None
+        self.pool_weights[(pool, model)] = new
+        message = (
+            f"{pool} for {model}: {rack_id} is {over_ratio:.0%} over its limit with every cap "
+            f"at its floor and its replicas there at the least weight; weight {now:.2f} -> "
+            f"{new:.2f}"
+        )
+        return PoolWeight(pool, model, new, now, new, PowerRouteReason.OVER_LIMIT, message)
 
     def _cut(
         self, pool: str, device_uuid: str, rack_id: str, kept: float, reason: PowerRouteReason,

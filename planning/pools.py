@@ -183,7 +183,9 @@ class ControlPlanner(ThrottleIssuer):
         # share of a model (the region's router spreads a model over all its pools)
         self.last_serving: dict[str, list[ReplicaServing]] = {}
         self.regions: dict[str, str] = {}  # pool -> its region
-        self.shed_period: dict[str, int] = {}  # rack -> the period it last shed load in
+        self.shed_at: dict[str, datetime] = {}  # rack -> the reading it last shed load at
+        self.shed_streak: dict[str, int] = {}  # rack -> readings in a row it was still over
+        self.spent_at: dict[str, datetime] = {}  # rack -> since when every cap is at its floor
 
     def held(self) -> dict[str, Any]:
         """What this planner's levers hold now (caps, low clocks, batch moves, routing
@@ -430,22 +432,69 @@ class ControlPlanner(ThrottleIssuer):
         return out
 
     def _route_short(self, reading: PduReading) -> list[ControlOutput]:
-        """A rack left over its limit with every lever spent: its held replicas shed the
-        share their pools' draw there is over, at once, once a control period."""
-        rack_id, period = reading.rack_id, self._period(reading.observed_at)
-        if rack_id not in self.power.short or self.shed_period.get(rack_id) == period:
+        """A rack left over its limit with every lever spent sheds load: at once when its
+        plan says so (once a period, ahead of the breaker), and again at each reading that
+        still finds it over its breaker limit with every cap at its floor (a breaker trips
+        in seconds). A device pinned at its cap's floor draws no less until its work falls
+        under what the floor runs at full clock, so the draw over the limit understates
+        the cut it takes: each reading in a row the rack stays over, the cut doubles (up to
+        ``max_shed_ratio`` of a weight a reading)."""
+        rack_id, at = reading.rack_id, reading.observed_at
+        over_now = self._over_at_floors(rack_id, at)
+        last = self.shed_at.get(rack_id)
+        planned = rack_id in self.power.short and (
+            last is None or self._period(last) != self._period(at)
+        )
+        if last == at or not (planned or over_now):
             return []
-        self.shed_period[rack_id] = period
-        out = []
+        self.shed_at[rack_id] = at
+        streak = self.shed_streak[rack_id] = self.shed_streak.get(rack_id, -1) + over_now
+        return self._shed(rack_id, at, over_now=over_now, gain=2.0 ** max(0, streak))
+
+    def _over_at_floors(self, rack_id: str, at: datetime) -> bool:
+        """Whether the rack reads over its breaker limit with every cap at its floor, on a
+        reading taken with the floors in force (the reading that set them was drawn before
+        they were)."""
+        since = self.spent_at.get(rack_id)
+        if not self.power.spent(rack_id):
+            self.spent_at.pop(rack_id, None)
+            since = None
+        elif since is None:
+            self.spent_at[rack_id] = at
+        over = since is not None and since < at and self.power.over_limit_watts(rack_id) > 0
+        if not over:
+            self.shed_streak.pop(rack_id, None)
+        return over
+
+    def _shed(
+        self, rack_id: str, at: datetime, *, over_now: bool, gain: float
+    ) -> list[ControlOutput]:
+        """The rack's held replicas shed ``gain`` times the share of their pools' draw the
+        rack is over; a pool whose replicas of a model there are all at the least weight a
+        replica may have, and none of them free elsewhere in the pool, sheds its share of
+        the model among the region's pools (a free replica takes the share within it)."""
+        out: list[ControlOutput] = []
+        at_least: dict[tuple[str, str], bool] = {}  # (pool, model): every replica at the least
+        models = {r.device_uuid: r.model for rs in self.last_serving.values() for r in rs}
         for u in self.power.rack_devices.get(rack_id, ()):
             pool = self.power.devices[u].pool
             if pool is None or not self.power.holds(u):
                 continue
-            change = self.routing.shed(
-                pool, u, rack_id, over_ratio=self.power.over_ratio(rack_id, pool)
-            )
+            ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=over_now))
+            change = self.routing.shed(pool, u, rack_id, over_ratio=ratio)
             if change is not None:
-                out.append(self._weight_output(reading.observed_at, pool, change))
+                out.append(self._weight_output(at, pool, change))
+            if (model := models.get(u)) is not None:
+                least = change is None and ratio > 0
+                at_least[(pool, model)] = at_least.get((pool, model), True) and least
+        for (pool, model), least in sorted(at_least.items()):
+            free = any(r.model == model and not r.held for r in self.last_serving.get(pool, ()))
+            if not least or free:
+                continue
+            ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=over_now))
+            moved = self.routing.shed_pool(pool, model, rack_id, over_ratio=ratio)
+            if moved is not None:
+                out.append(self._pool_weight_output(at, moved))
         return out
 
     def _weight_output(self, at: datetime, pool: str, change: ReplicaWeight) -> ControlOutput:

@@ -175,18 +175,37 @@ class RackPlanner(ThrottleIssuer):
         d = self.devices.get(device_uuid)
         return d is not None and d.min_watts is not None and d.cap_watts <= d.min_watts + 0.5
 
-    def over_ratio(self, rack_id: str, pool: str) -> float:
-        """What the rack's last plan left it over its limit with every lever spent, as a
-        share of what ``pool``'s devices on it draw (0: not over, or none of them there)."""
-        short = self.short.get(rack_id, 0.0)
-        if short <= 0:
+    def over_limit_watts(self, rack_id: str) -> float:
+        """How far the rack's latest readings (each phase's last) draw over its breaker
+        limit (0: within it): while over, the breaker's clock is running."""
+        rack = self.racks.get(rack_id)
+        if rack is None:
+            return 0.0
+        draw, limit = _summed(rack.latest)
+        return 0.0 if draw is None else max(0.0, draw - limit)
+
+    def spent(self, rack_id: str) -> bool:
+        """Whether every device on the rack that our caps can reach is capped at its
+        driver's floor: no power lever is left there."""
+        reach = [u for u in self.rack_devices.get(rack_id, ()) if self.devices[u].max_watts]
+        return bool(reach) and all(self.at_floor(u) for u in reach)
+
+    def over_ratio(self, rack_id: str, pool: str, *, now_too: bool = False) -> float:
+        """How far the rack is over its limit with every lever spent, as a share of what
+        ``pool``'s devices on it draw (0: not over, or none of them there): what its last
+        plan left over or (``now_too``: its caps at their floors were in force when it was
+        read) what its readings draw over the breaker limit now, whichever is more."""
+        over = self.short.get(rack_id, 0.0)
+        if now_too:
+            over = max(over, self.over_limit_watts(rack_id))
+        if over <= 0:
             return 0.0
         draw = sum(
             d.draw_watts
             for d in (self.devices[u] for u in self.rack_devices.get(rack_id, ()))
             if d.pool == pool
         )
-        return min(1.0, short / draw) if draw > 0 else 0.0
+        return min(1.0, over / draw) if draw > 0 else 0.0
 
     def serving(self, metrics: ReplicaReading) -> None:
         """What a device served: its pool, and its shares of batch and baseline work."""

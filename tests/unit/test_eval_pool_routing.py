@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agents.sim.scenario import load_scenario
-from evaluations.pool_routing import BUILT_ON, run, summary, variants
+from evaluations.pool_routing import BUILT_ON, Variant, run, summary, variants
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"
 
@@ -33,3 +33,22 @@ def test_routing_across_pools_halves_the_requests_served_over_the_slo_on_its_bas
     assert on.expired_commands == off.expired_commands == 0
     total = summary([(base, off, on)])
     assert total["moved"] == 1 and total["over_slo_ratio"]["better"] == 1
+
+
+def _variant(capped: str, other: str, load: float, feed: float, slo_s: float) -> Variant:
+    wanted = (capped, other, load, feed, slo_s)
+    [chosen] = [v for v in variants() if (v.capped, v.other, v.load, v.feed, v.slo_s) == wanted]
+    return chosen
+
+
+def test_a_rack_no_cap_can_hold_sheds_load_until_it_is_under_its_breaker() -> None:
+    # an MI300X rack cut to 35% of its feed: with every cap at its floor it still draws over
+    # the breaker limit until its work falls under what the floors run at full clock. Its
+    # replicas shed load at each reading that finds it over (not once a period, a breaker's
+    # ten seconds), and it holds, its replica weights alone (within its pool)
+    off = run(_variant("MI300X", "H100", 0.5, 0.35, 0.08), across_pools=False)
+    assert off.trips == 0 and off.expired_commands == 0, off
+    # a B200 pool whose replicas all sit on the rack: at the least weight a replica may have,
+    # the rack still over, the pool's share of each model goes to the region's other pools
+    on = run(_variant("B200", "A100", 0.7, 0.35, 0.05), across_pools=True)
+    assert on.trips == 0 and on.expired_commands == 0, on

@@ -279,6 +279,21 @@ def test_a_held_pool_takes_its_share_back_while_work_waits_elsewhere_and_none_he
                              target_tpot_s=TARGET_S) == []  # fmt: skip
 
 
+def test_a_pool_over_a_breaker_at_its_floors_sheds_its_share_among_the_regions_pools() -> None:
+    # its replicas on the rack at the least weight, the rack still over: the pool's share of
+    # the model among the region's pools goes, by the share over (at most half a reading)
+    router = PowerRouter(PowerRoutingConfig())
+    cut = router.shed_pool("a", "m", "rack-0", over_ratio=0.3)
+    assert cut is not None and cut.reason is PowerRouteReason.OVER_LIMIT
+    assert cut.weight == pytest.approx(0.7) and "over its limit" in cut.message
+    again = router.shed_pool("a", "m", "rack-0", over_ratio=1.0)
+    assert again is not None and again.weight == pytest.approx(0.35)
+    assert router.shed_pool("a", "m", "rack-0", over_ratio=0.0) is None
+    # within its own pool only, it never moves a share between pools
+    inside = PowerRouter(PowerRoutingConfig(across_pools=False))
+    assert inside.shed_pool("a", "m", "rack-0", over_ratio=0.3) is None
+
+
 def test_a_held_pool_within_its_setpoint_or_with_a_free_replica_keeps_its_share() -> None:
     router = PowerRouter(PowerRoutingConfig())
     assert _pools(router, 8 * 300.0, 4)[0] == []  # capped, yet well within the setpoint
