@@ -275,6 +275,58 @@ def test_a_pool_back_from_silence_is_decided_when_it_reports_and_its_commands_ar
     assert {o.decision.decided_at for o in on_time} <= {learned + timedelta(seconds=10)}
 
 
+def _pinned_rack(planner: ControlPlanner, second: int, draw_w: float) -> list[ControlOutput]:
+    """One second of a rack of four H100s capped at the driver's floor (200 W), each
+    drawing its floor, serving pool "pinned" with a free peer on another rack; the rack's
+    PDU reads ``draw_w`` against a breaker limit of 1,000 W."""
+    at = START + timedelta(seconds=second)
+    out = []
+    for i in range(5):
+        u, rack = f"gpu-{i}", "rack-0" if i < 4 else "rack-1"
+        planner.accelerator(AcceleratorTelemetry(
+            event_id=uuid.uuid4(), observed_at=at, node_id=f"node-{i}", device_uuid=u,
+            device_index=0, accelerator_type=AcceleratorType.H100, region="r", pod_id="pod-0",
+            rack_id=rack, pdu_id=f"pdu-{rack}", power_usage_watts=200.0 if i < 4 else 500.0,
+            power_limit_watts=(700.0 if second == 0 else 200.0) if i < 4 else 700.0,
+            power_limit_min_watts=200.0, power_limit_max_watts=700.0,
+        ))  # fmt: skip
+        out += planner.serving(ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=at, replica_id=f"r-{i}", node_id=f"node-{i}",
+            device_uuid=u, model="m", pool="pinned", region="r", accelerator_type="H100",
+            interval_s=1.0, tpot_p95_s=0.05, queue_depth=0, batch_size=32, tokens_per_s=900.0,
+            requests=10, errors=0, optional_requests=0,
+        ))  # fmt: skip
+    return out + planner.pdu(PduReading(
+        event_id=uuid.uuid4(), observed_at=at, pdu_id="pdu-rack-0", rack_id="rack-0",
+        pod_id="pod-0", region="r", phase=PduPhase.L1, power_watts=draw_w,
+        capacity_watts=2000.0, breaker_limit_watts=1000.0,
+    ))  # fmt: skip
+
+
+def test_a_rack_over_its_breaker_with_every_cap_at_its_floor_sheds_at_every_reading() -> None:
+    # four devices pinned at their floor caps, the rack 10% over its breaker: the draw says
+    # a 10% cut, but a pinned device draws no less until its work is under the floor's knee.
+    # The replicas shed at every reading that finds the rack still over (a breaker trips
+    # in seconds, not at the next period), the cut doubling while it stays over; and stop
+    # once a reading finds it under
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    for k in range(11):  # a period of readings within the limit: the pool is known
+        _pinned_rack(planner, k, 900.0)
+    cuts: list[list[float]] = []
+    for k in range(11, 15):
+        made = _pinned_rack(planner, k, 1100.0)
+        cuts.append([o.decision.applied for o in made if o.decision.reason == "rack_over_limit"
+                     and o.decision.applied is not None])  # fmt: skip
+    assert all(len(c) == 4 for c in cuts[1:]), cuts  # every reading, every replica there
+    weights = [c[0] for c in cuts if c]
+    steps = [b / a for a, b in zip([1.0, *weights], weights, strict=False)]
+    # doubling while it stays over, up to half a weight a reading
+    assert steps[1] < steps[0] < 0.95 and steps[-1] == pytest.approx(0.5), steps
+    assert weights[-1] < 0.2  # far more than the 10% the draw says
+    under = _pinned_rack(planner, 15, 950.0)  # under the limit: no more cuts
+    assert not [o for o in under if o.decision.reason == "rack_over_limit"]
+
+
 def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
            requests: int) -> list[ControlOutput]:  # fmt: skip
     return planner.serving(
