@@ -73,6 +73,11 @@ class PowerReason(StrEnum):
     HEADROOM = "headroom"  # caps lifted, or batch work brought back
     HOLD = "hold"
     INVALID_INPUT = "invalid_input"
+    # a rack over its breaker that neither caps nor routing can bring under (every cap at
+    # its floor, its replicas at the least weight, nowhere to move their pool's share): the
+    # pool admits less (the planner's, not this controller's), and more once the rack has room
+    ADMISSION_SHED = "admission_shed"
+    ADMISSION_BACK = "admission_back"
 
 
 class PowerLever(StrEnum):

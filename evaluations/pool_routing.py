@@ -105,6 +105,8 @@ class Run:
     trips: int
     expired_commands: int  # commands the executors refused as already expired
     pool_moves: int  # pool weights moved across pools (decisions)
+    admission_cuts: int = 0  # a pool's admission cut: the last lever on a rack over its breaker
+    admitted_at_end: float = 1.0  # the least share of its requests a pool admits at the end
 
 
 def run(variant: Variant, *, across_pools: bool, seconds: float = 480.0) -> Run:
@@ -120,11 +122,12 @@ def run(variant: Variant, *, across_pools: bool, seconds: float = 480.0) -> Run:
     )
     served = over = ttft = refused = 0.0
     statuses: Counter[str] = Counter()
-    moves = 0
+    moves = cuts = 0
     for n in range(int(seconds / sim.interval_s)):
         for _, event in sim.tick(n):
             for out in planner.feed(event):
                 moves += out.decision.reason == "pool_capped"
+                cuts += out.decision.reason == "admission_shed"
                 if out.command is not None:
                     result = dispatcher.handle(out.command, now=sim.now, received_at=sim.now)
                     statuses[result.status.value if result is not None else "none"] += 1
@@ -139,6 +142,8 @@ def run(variant: Variant, *, across_pools: bool, seconds: float = 480.0) -> Run:
         over_slo_ratio=over / served if served else 0.0,
         mean_ttft_s=ttft / served if served else 0.0,
         refused=refused, trips=trips, expired_commands=statuses["expired"], pool_moves=moves,
+        admission_cuts=cuts,
+        admitted_at_end=min(sim.fleet.router.admission_ratio.values(), default=1.0),
     )  # fmt: skip
 
 

@@ -42,10 +42,11 @@ from controllers.capacity import (
     GlobalBudget,
     split_levers,
 )
+from controllers.power import PowerReason
 from controllers.power_routing import PoolWeight, PowerRouter, ReplicaServing, ReplicaWeight
 from controllers.tpot_guard import BatchDecision, TpotGuard
 from planning.racks import RackPlanner
-from planning.registry import CAPACITY, POWER_ROUTING, TPOT_GUARD
+from planning.registry import CAPACITY, POWER, POWER_ROUTING, TPOT_GUARD
 from planning.throttle import ControlOutput, ControlWiring, ThrottleIssuer
 from schemas.commands import RouteAction, Target, ThrottleAction
 from schemas.envelopes import (
@@ -186,11 +187,14 @@ class ControlPlanner(ThrottleIssuer):
         self.shed_at: dict[str, datetime] = {}  # rack -> the reading it last shed load at
         self.shed_streak: dict[str, int] = {}  # rack -> readings in a row it was still over
         self.spent_at: dict[str, datetime] = {}  # rack -> since when every cap is at its floor
+        # pool -> the share of its requests it admits, where under 1: the last lever on a rack
+        # that neither caps nor routing can bring under its breaker
+        self.admission: dict[str, float] = {}
 
     def held(self) -> dict[str, Any]:
         """What this planner's levers hold now (caps, low clocks, batch moves, routing
-        weights under 1, each pool's batch cap and optional-work budget with its TPOT
-        guard's and capacity controller's memory), as JSON-able
+        weights under 1, admission under 1, each pool's batch cap and optional-work budget
+        with its TPOT guard's and capacity controller's memory), as JSON-able
         values: what a planner taking its racks and pools over must :meth:`adopt` to give
         them back when it is time."""
         weights = [[pool, u, w] for (pool, u), w in sorted(self.routing.weights.items())
@@ -205,6 +209,7 @@ class ControlPlanner(ThrottleIssuer):
         return {
             "power": self.power.held(), "weights": weights, "pool_weights": pool_weights,
             "batch_guards": guards, "budgets": budgets,
+            "admission": [[pool, a] for pool, a in sorted(self.admission.items())],
         }  # fmt: skip
 
     def adopt(self, held: dict[str, Any]) -> None:
@@ -220,6 +225,8 @@ class ControlPlanner(ThrottleIssuer):
                 self._pool(str(name)).guard.recall(guard)
             for name, budget in held.get("budgets", {}).items():
                 self._pool(str(name)).capacity.recall(budget)
+            for pool, admitted in held.get("admission", []):  # absent before it
+                self.admission[str(pool)] = float(admitted)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a control planner's levers: {exc!r}") from exc
 
@@ -383,6 +390,7 @@ class ControlPlanner(ThrottleIssuer):
             ))  # fmt: skip
         # mandatory work waits with no optional work left to give up: capacity is the SLO
         crowded = waiting and before == 0.0 and d.applied == 0.0
+        out += self._admit_more(name, at)
         return out + self._route_replicas(name, at, replicas, crowded=crowded)
 
     def _guard(
@@ -487,15 +495,69 @@ class ControlPlanner(ThrottleIssuer):
             if (model := models.get(u)) is not None:
                 least = change is None and ratio > 0
                 at_least[(pool, model)] = at_least.get((pool, model), True) and least
+        stuck: dict[str, bool] = {}  # pool: no share of it could move (the last lever left)
         for (pool, model), least in sorted(at_least.items()):
             free = any(r.model == model and not r.held for r in self.last_serving.get(pool, ()))
             if not least or free:
+                stuck[pool] = False
                 continue
             ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=over_now))
             moved = self.routing.shed_pool(pool, model, rack_id, over_ratio=ratio)
             if moved is not None:
                 out.append(self._pool_weight_output(at, moved))
+            stuck[pool] = stuck.get(pool, True) and moved is None
+        for pool, nothing_moved in sorted(stuck.items()):
+            if nothing_moved and over_now:
+                ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=True))
+                out += self._admit_less(pool, rack_id, at, ratio)
         return out
+
+    def _admit_less(
+        self, pool: str, rack_id: str, at: datetime, ratio: float
+    ) -> list[ControlOutput]:
+        """The rack still over its breaker with every cap at its floor, its replicas at the
+        least weight and their pool's share nowhere to go: the pool admits ``ratio`` less
+        of its requests (at most ``max_shed_ratio``, never under ``min_weight``). A request
+        refused at the door is one; a tripped breaker refuses every one of the rack's until
+        its feed is back and its hosts are up."""
+        c = self.wiring.power_routing
+        now = self.admission.get(pool, 1.0)
+        new = max(c.min_weight, now * (1.0 - min(c.max_shed_ratio, ratio)))
+        if now - new < 0.01:
+            return []
+        self.admission[pool] = new
+        message = (
+            f"{rack_id} is over its breaker with every cap at its floor, its replicas at the "
+            f"least weight and nowhere to move their share: {pool} admits {now:.2f} -> "
+            f"{new:.2f} of its requests"
+        )
+        return [self._admission_output(at, pool, new, PowerReason.ADMISSION_SHED, message)]
+
+    def _admit_more(self, pool: str, at: datetime) -> list[ControlOutput]:
+        """Once a period: a pool admitting less, none of whose racks has every cap at its
+        floor any more, admits more, at most ``max_rise_ratio`` a period, back to all."""
+        now = self.admission.get(pool)
+        if now is None:
+            return []
+        racks = {d.rack_id for d in self.power.devices.values() if d.pool == pool}
+        if any(self.power.spent(r) for r in racks):
+            return []
+        new = min(1.0, now * self.wiring.power_routing.max_rise_ratio)
+        if new >= 1.0:
+            del self.admission[pool]
+        else:
+            self.admission[pool] = new
+        message = f"no cap of {pool}'s racks is at its floor now: it admits {now:.2f} -> {new:.2f}"
+        return [self._admission_output(at, pool, new, PowerReason.ADMISSION_BACK, message)]
+
+    def _admission_output(
+        self, at: datetime, pool: str, ratio: float, reason: PowerReason, message: str
+    ) -> ControlOutput:
+        return self._output(
+            at, pool, POWER, ThrottleAction.ADMISSION, reason.value, message, Target(pool=pool),
+            changed=True, extra={"desired": ratio, "applied": ratio},
+            params={"admission_ratio": round(ratio, 4)},
+        )  # fmt: skip
 
     def _weight_output(self, at: datetime, pool: str, change: ReplicaWeight) -> ControlOutput:
         rack = change.rack_id or None

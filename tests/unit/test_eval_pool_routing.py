@@ -52,3 +52,8 @@ def test_a_rack_no_cap_can_hold_sheds_load_until_it_is_under_its_breaker() -> No
     # the rack still over, the pool's share of each model goes to the region's other pools
     on = run(_variant("B200", "A100", 0.7, 0.35, 0.05), across_pools=True)
     assert on.trips == 0 and on.expired_commands == 0, on
+    # the same with no share moving between pools: the pool admits less, the last lever,
+    # and all again once the feed is back and its caps come off
+    off = run(_variant("B200", "A100", 0.7, 0.35, 0.05), across_pools=False, seconds=720.0)
+    assert off.trips == 0 and off.admission_cuts > 0, off
+    assert off.admitted_at_end == 1.0, off
