@@ -275,19 +275,21 @@ def test_a_pool_back_from_silence_is_decided_when_it_reports_and_its_commands_ar
     assert {o.decision.decided_at for o in on_time} <= {learned + timedelta(seconds=10)}
 
 
-def _pinned_rack(planner: ControlPlanner, second: int, draw_w: float) -> list[ControlOutput]:
-    """One second of a rack of four H100s capped at the driver's floor (200 W), each
-    drawing its floor, serving pool "pinned" with a free peer on another rack; the rack's
-    PDU reads ``draw_w`` against a breaker limit of 1,000 W."""
+def _pinned_rack(
+    planner: ControlPlanner, second: int, draw_w: float, *, peer: bool = True, cap_w: float = 200.0
+) -> list[ControlOutput]:
+    """One second of a rack of four H100s capped at ``cap_w`` (the driver's floor, 200 W),
+    each drawing its floor, serving pool "pinned" (with a free peer on another rack, with
+    ``peer``); the rack's PDU reads ``draw_w`` against a breaker limit of 1,000 W."""
     at = START + timedelta(seconds=second)
     out = []
-    for i in range(5):
+    for i in range(5 if peer else 4):
         u, rack = f"gpu-{i}", "rack-0" if i < 4 else "rack-1"
         planner.accelerator(AcceleratorTelemetry(
             event_id=uuid.uuid4(), observed_at=at, node_id=f"node-{i}", device_uuid=u,
             device_index=0, accelerator_type=AcceleratorType.H100, region="r", pod_id="pod-0",
             rack_id=rack, pdu_id=f"pdu-{rack}", power_usage_watts=200.0 if i < 4 else 500.0,
-            power_limit_watts=(700.0 if second == 0 else 200.0) if i < 4 else 700.0,
+            power_limit_watts=(700.0 if second == 0 else cap_w) if i < 4 else 700.0,
             power_limit_min_watts=200.0, power_limit_max_watts=700.0,
         ))  # fmt: skip
         out += planner.serving(ServingMetrics(
@@ -325,6 +327,34 @@ def test_a_rack_over_its_breaker_with_every_cap_at_its_floor_sheds_at_every_read
     assert weights[-1] < 0.2  # far more than the 10% the draw says
     under = _pinned_rack(planner, 15, 950.0)  # under the limit: no more cuts
     assert not [o for o in under if o.decision.reason == "rack_over_limit"]
+
+
+def test_a_rack_no_routing_can_hold_has_its_pool_admit_less_and_all_again_later() -> None:
+    # the pool wholly on the rack, no share movable between pools: its replicas reach the
+    # least weight with the rack still over its breaker, and the pool admits less of its
+    # requests; the level is handed over with the planner's levers, and comes back once
+    # the rack's caps are off their floors
+    wiring = ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08,
+                           power_routing=PowerRoutingConfig(across_pools=False))  # fmt: skip
+    planner = ControlPlanner(wiring)
+    for k in range(11):
+        _pinned_rack(planner, k, 900.0, peer=False)
+    made = [o for k in range(11, 19) for o in _pinned_rack(planner, k, 1100.0, peer=False)]
+    cuts = [o for o in made if o.decision.reason == "admission_shed"]
+    assert cuts and all(isinstance(o.command, ThrottleCommand)
+                        and o.command.action is ThrottleAction.ADMISSION for o in cuts)  # fmt: skip
+    level = cuts[-1].decision.applied
+    assert level is not None and level < 1.0 and planner.admission == {"pinned": level}
+    handed = json.loads(json.dumps(planner.held()))
+    successor = ControlPlanner(wiring)
+    successor.adopt(handed)
+    assert successor.admission == {"pinned": level}
+    backs = [o for k in range(19, 120)
+             for o in _pinned_rack(successor, k, 600.0, peer=False, cap_w=700.0)
+             if o.decision.reason == "admission_back"]  # fmt: skip
+    assert backs and backs[-1].decision.applied == 1.0 and successor.admission == {}
+    assert all(b.decision.applied <= 1.5 * a.decision.applied + 1e-9  # type: ignore[operator]
+               for a, b in itertools.pairwise(backs))  # fmt: skip
 
 
 def _serve(planner: ControlPlanner, second: int, replica: str, model: str, tpot: float,
