@@ -87,6 +87,12 @@ class PowerRoutingConfig:
     gain: float = 0.5
     max_shed_ratio: float = 0.5  # the most one over-limit cut (one reading) takes off a weight
 
+    def shed(self, level: float, over_ratio: float) -> float:
+        """A weight (or a pool's admission) ``level`` cut by ``over_ratio`` of itself, the
+        share a rack is over its breaker: at most ``max_shed_ratio``, never under
+        ``min_weight``."""
+        return max(self.min_weight, level * (1.0 - min(self.max_shed_ratio, over_ratio)))
+
     def __post_init__(self) -> None:
         if not 0.0 < self.min_weight <= 1.0:
             raise ValueError("min_weight is a weight in (0, 1]")
@@ -361,7 +367,7 @@ class PowerRouter:
     ) -> ReplicaWeight | None:
         """Its rack is over its limit with every lever spent, by ``over_ratio`` of what its
         pool's devices there draw: that share of its work goes, at once (a breaker trips in
-        seconds; the caller sheds once a control period)."""
+        seconds; the caller sheds at the plan and at each reading the rack stays over)."""
         if over_ratio <= 0:
             return None
         why = f"{rack_id} is {over_ratio:.0%} over its limit with every cap at its floor"
@@ -380,7 +386,7 @@ class PowerRouter:
         if not c.enabled or not c.across_pools or over_ratio <= 0:
             return None
         now = self.pool_weight(pool, model)
-        new = max(c.min_weight, now * (1.0 - min(c.max_shed_ratio, over_ratio)))
+        new = c.shed(now, over_ratio)
         if now - new < STEP:
             return None
         self.pool_weights[(pool, model)] = new

@@ -484,11 +484,15 @@ class ControlPlanner(ThrottleIssuer):
         out: list[ControlOutput] = []
         at_least: dict[tuple[str, str], bool] = {}  # (pool, model): every replica at the least
         models = {r.device_uuid: r.model for rs in self.last_serving.values() for r in rs}
+        ratios: dict[str, float] = {}  # pool: the share of its draw there to shed
         for u in self.power.rack_devices.get(rack_id, ()):
             pool = self.power.devices[u].pool
             if pool is None or not self.power.holds(u):
                 continue
-            ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=over_now))
+            ratio = ratios.get(pool)
+            if ratio is None:
+                over = self.power.over_ratio(rack_id, pool, now_too=over_now)
+                ratio = ratios[pool] = min(1.0, gain * over)
             change = self.routing.shed(pool, u, rack_id, over_ratio=ratio)
             if change is not None:
                 out.append(self._weight_output(at, pool, change))
@@ -501,15 +505,13 @@ class ControlPlanner(ThrottleIssuer):
             if not least or free:
                 stuck[pool] = False
                 continue
-            ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=over_now))
-            moved = self.routing.shed_pool(pool, model, rack_id, over_ratio=ratio)
+            moved = self.routing.shed_pool(pool, model, rack_id, over_ratio=ratios[pool])
             if moved is not None:
                 out.append(self._pool_weight_output(at, moved))
             stuck[pool] = stuck.get(pool, True) and moved is None
         for pool, nothing_moved in sorted(stuck.items()):
             if nothing_moved and over_now:
-                ratio = min(1.0, gain * self.power.over_ratio(rack_id, pool, now_too=True))
-                out += self._admit_less(pool, rack_id, at, ratio)
+                out += self._admit_less(pool, rack_id, at, ratios[pool])
         return out
 
     def _admit_less(
@@ -520,9 +522,8 @@ class ControlPlanner(ThrottleIssuer):
         of its requests (at most ``max_shed_ratio``, never under ``min_weight``). A request
         refused at the door is one; a tripped breaker refuses every one of the rack's until
         its feed is back and its hosts are up."""
-        c = self.wiring.power_routing
         now = self.admission.get(pool, 1.0)
-        new = max(c.min_weight, now * (1.0 - min(c.max_shed_ratio, ratio)))
+        new = self.wiring.power_routing.shed(now, ratio)
         if now - new < 0.01:
             return []
         self.admission[pool] = new
