@@ -20,6 +20,9 @@ worker's process (embedded ClickHouse is owned by one process), on raw fetches:
   acknowledged, in batch order, at most every ``commit_interval_s`` (and on every
   revocation and stop): at-least-once, and the sink's per-partition watermarks
   and dedup tokens make what a crash replays add nothing;
+- on an assignment the new partitions' watermarks are read from ClickHouse, one
+  query per table, before their first batch (read then, a partition's first
+  batch would wait for its query behind the insert in flight);
 - on a revocation the write in flight finishes and commits before the partitions
   go, records fetched for partitions this process no longer owns are not
   written, and the sink forgets their watermarks (the next owner reads them from
@@ -122,6 +125,7 @@ class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("ingest assigned %d partitions", len(assigned))
+        await self.loop.assigned(assigned)
 
 
 class IngestLoop:
@@ -309,6 +313,17 @@ class IngestLoop:
         if not drained.done():
             drained.cancel()
             writer.result()
+
+    async def assigned(self, assigned: list[TopicPartition]) -> None:
+        """Read the new partitions' watermarks before their first batch. One that fails is
+        read again when its first batch is written (:meth:`ClickHouseSink.unseen`)."""
+        topics = self.settings.topics
+        try:
+            await self.sink.load_marks(
+                (topics[tp.topic].value_type, tp.topic, tp.partition) for tp in assigned
+            )
+        except Exception:
+            log.warning("ingest could not read the watermarks on assignment", exc_info=True)
 
     async def revoked(self, revoked: list[TopicPartition]) -> None:
         """Write and commit every prepared batch before the partitions go."""

@@ -19,6 +19,7 @@ order where the format is positional.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,9 +94,14 @@ def instant_json(at: datetime) -> bytes:
     return json.dumps(at.isoformat()).encode()
 
 
+@functools.cache
+def _topic_json(topic: str) -> bytes:
+    return json.dumps(topic).encode()
+
+
 def _tail(at: Coordinates, ingested_at_json: bytes) -> bytes:
     return b',"src_topic":%s,"src_partition":%d,"src_offset":%d,"ingested_at":%s}' % (
-        json.dumps(at.topic).encode(),
+        _topic_json(at.topic),
         at.partition,
         at.offset,
         ingested_at_json,
@@ -117,12 +123,10 @@ def _tick_lines(value: Any, at: Coordinates, ingested_at_json: bytes) -> list[by
     what an object per envelope cost it (1.2 us per sample); chDB parses an accelerator
     sample in 2.2 us instead of 4.5 (no key to match per value), on the development
     machine, 100k samples."""
-    body = _ENCODER.encode((*_HEADS[type(value)](value), [astuple(s) for s in value.samples]))
-    return [
-        body[:-1]
-        + b",%s,%d,%d,%s]"
-        % (json.dumps(at.topic).encode(), at.partition, at.offset, ingested_at_json)
-    ]
+    head = _HEADS[type(value)](value)
+    samples = [astuple(s) for s in value.samples]
+    where = (at.topic, at.partition, at.offset, msgspec.Raw(ingested_at_json))
+    return [_ENCODER.encode((*head, samples, *where))]  # one pass, nothing copied after
 
 
 STAGING: dict[type[Any], str] = {

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from schemas.commands import DeadLetter
 from schemas.topics import RESENT_HEADER
 from streams.clickhouse_store import ClickHouseStore
 from streams.rows import LAYOUTS, Coordinates, TableLayout, instant_json
@@ -60,14 +61,11 @@ class Watermarks:
 
 def batch_token(table: str, records: Sequence[Record]) -> str:
     """Deterministic dedup token: the table and each partition's offset range."""
-    ranges: dict[tuple[str, int], list[int]] = {}
+    offsets: dict[tuple[str, int], list[int]] = {}
     for _, at in records:
-        lo_hi = ranges.setdefault((at.topic, at.partition), [at.offset, at.offset])
-        lo_hi[0] = min(lo_hi[0], at.offset)
-        lo_hi[1] = max(lo_hi[1], at.offset)
-    text = (
-        table + ";" + ";".join(f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items()))
-    )
+        offsets.setdefault((at.topic, at.partition), []).append(at.offset)
+    ranges = (f"{t}:{p}:{min(o)}-{max(o)}" for (t, p), o in sorted(offsets.items()))
+    text = table + ";" + ";".join(ranges)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -167,6 +165,19 @@ class ClickHouseSink:
         for key in keys:
             self.marks.marks[key] = found.get(key, -1)
 
+    async def load_marks(self, partitions: Iterable[tuple[type[Any], str, int]]) -> None:
+        """Read the watermarks of newly assigned partitions (their value type, topic and
+        partition) and of their dead letters, one query per table, before their first
+        batch: otherwise each partition's first batch waits for its own query, behind the
+        insert in flight."""
+        wanted: dict[str, tuple[TableLayout, set[PartitionKey]]] = {}
+        for value_type, topic, partition in partitions:
+            for layout in (LAYOUTS[value_type], LAYOUTS[DeadLetter]):
+                table = layout.rows_table
+                wanted.setdefault(table, (layout, set()))[1].add((table, topic, partition))
+        for layout, keys in wanted.values():
+            await self._load_marks(layout, self.marks.missing(keys))
+
     async def unseen(self, records: Sequence[R]) -> list[R]:
         """The records ClickHouse does not hold yet (all of one value type or mixed)."""
         by_layout: dict[str, list[R]] = defaultdict(list)
@@ -244,11 +255,12 @@ class ClickHouseSink:
             token = batch_token(table, recs)
             if layout.to_lines is not None:
                 lines: list[bytes] = []
+                rows = 0
                 for value, at in recs:  # commands of three types share a table and a format
-                    to_lines = LAYOUTS[type(value)].to_lines
-                    assert to_lines is not None
-                    lines += to_lines(value, at, ingested_at)
-                rows = sum(LAYOUTS[type(value)].rows(value) for value, _ in recs)
+                    of_value = LAYOUTS[type(value)]
+                    assert of_value.to_lines is not None
+                    lines += of_value.to_lines(value, at, ingested_at)
+                    rows += of_value.rows(value)
                 out.append(Insert(layout, self._json_insert, lines, token, recs, rows))
             else:
                 assert layout.to_row is not None
@@ -307,6 +319,8 @@ def _sql_str(value: str) -> str:
 
 def is_resent(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bool:
     """Whether a record's headers (pairs, or a mapping) mark it sent again from a spool."""
+    if not headers:  # most records: nothing to look through
+        return False
     if isinstance(headers, dict):
         return RESENT_HEADER in headers
     return any(name == RESENT_HEADER for name, _ in headers or ())

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -179,3 +180,63 @@ def test_batches_that_wait_for_a_write_are_written_and_committed_together(
         )
         == 6
     )
+
+
+def test_watermarks_are_read_on_assignment_so_a_first_batch_waits_on_no_read(
+    store: ClickHouseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new owner reads every assigned partition's watermark, its dead letters' too, before
+    the first batch: the batch then makes no read of its own (one would queue behind the
+    insert in flight), and what ClickHouse holds is dropped, the rest written."""
+    registry = CollectorRegistry()
+    topic = "assign-test." + ACCELERATOR_TICKS.name
+    ticks = [v for s, v in fleet_messages(200) if s is ACCELERATOR_TICKS][:4]
+    raw = [RawMessage(Coordinates(topic, 0, i), b"n", encode(v)) for i, v in enumerate(ticks)]
+    first = _committing_loop(store, registry, topic)
+    first._consumer, first._producer = _Consumer({TopicPartition(topic, 0)}), SimpleNamespace()
+    batch = _Batch(
+        split(raw[:2], AcceleratorTick, now=ingest_now()).valid, {TopicPartition(topic, 0): 2},
+        {topic: 2}, {topic: 0}, 0, ingest_now(),
+    )  # fmt: skip
+
+    async def write(loop: IngestLoop, batch: _Batch) -> None:
+        await loop._write(await loop._prepare(batch))
+
+    asyncio.run(write(first, batch))
+
+    after = _committing_loop(store, CollectorRegistry(), topic)  # the partitions moved here
+    after._consumer, after._producer = _Consumer({TopicPartition(topic, 0)}), SimpleNamespace()
+    asyncio.run(after.assigned([TopicPartition(topic, 0), TopicPartition(topic, 1)]))
+    assert after.sink.marks.marks == {
+        ("accelerator_telemetry", topic, 0): 1, ("accelerator_telemetry", topic, 1): -1,
+        ("dead_letters", topic, 0): -1, ("dead_letters", topic, 1): -1,
+    }  # fmt: skip
+    reads: list[str] = []
+    query = store.query
+
+    def counted(sql: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(sql)
+        return query(sql, *args, **kwargs)
+
+    store.query = counted  # type: ignore[method-assign]
+    try:  # a replay from offset 0: two envelopes stored already, two not
+        replay = _Batch(
+            split(raw, AcceleratorTick, now=ingest_now()).valid, {TopicPartition(topic, 0): 4},
+            {topic: 4}, {topic: 0}, 0, ingest_now(),
+        )  # fmt: skip
+        asyncio.run(write(after, replay))
+    finally:
+        del store.query
+    assert reads == []
+    stored = store.query(
+        f"SELECT count() FROM {store.database}.accelerator_telemetry WHERE src_topic = '{topic}'"
+    ).rows[0][0]
+    assert stored == sum(len(t.samples) for t in ticks)
+
+    broken = _committing_loop(
+        ClickHouseStore(store.client, database="no_such_database"), CollectorRegistry(), topic
+    )
+    with caplog.at_level("WARNING"):  # left to the first batch, which reads it then
+        asyncio.run(broken.assigned([TopicPartition(topic, 2)]))
+    assert broken.sink.marks.marks == {}
+    assert "could not read the watermarks" in caplog.text
