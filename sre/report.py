@@ -89,16 +89,16 @@ LATENCY_SQL = """
 SELECT minute, pool, sum(tpot_p95_weighted_sum_s) / greatest(sum(requests), 1)
 FROM {db}.pool_1m GROUP BY minute, pool ORDER BY minute
 """
-FORECAST_SQL = """
-SELECT f.target_at, f.model, f.point_rps, f.high_rps, a.observed_rps
-FROM {db}.forecasts AS f
-LEFT JOIN (SELECT model, region, made_at, any(observed_rps) AS observed_rps
-           FROM {db}.forecasts GROUP BY model, region, made_at) AS a
-  ON a.model = f.model AND a.region = f.region AND a.made_at = f.target_at
-WHERE f.horizon_s = (SELECT min(horizon_s) FROM {db}.forecasts)
-  AND (f.model, f.region) IN (SELECT model, region FROM {db}.forecasts
-                              GROUP BY model, region ORDER BY sum(observed_rps) DESC LIMIT 2)
-ORDER BY f.target_at
+_BUSIEST_DEMAND = """(model, region) IN (SELECT model, region FROM {db}.forecasts
+                      GROUP BY model, region ORDER BY sum(observed_rps) DESC LIMIT 2)"""
+FORECAST_SQL = f"""
+SELECT target_at, model, point_rps, high_rps FROM {{db}}.forecasts
+WHERE horizon_s = (SELECT min(horizon_s) FROM {{db}}.forecasts) AND {_BUSIEST_DEMAND}
+ORDER BY target_at
+"""
+ACTUAL_SQL = f"""
+SELECT made_at, model, any(observed_rps) FROM {{db}}.forecasts
+WHERE {_BUSIEST_DEMAND} GROUP BY made_at, model, region ORDER BY made_at
 """
 WARM_SQL = """
 SELECT decided_at, concat(action, ' ', target, ' x', toString(abs(toInt64(applied))))
@@ -223,13 +223,14 @@ def charts(query: Query, *, database: str, device: str | None) -> list[Chart]:
     title = "demand against served, requests per minute"
     out.append(("demand", line_chart(title, demand, y_label="requests", step_s=60)))
     forecast: dict[str, list[Point]] = {}
-    for target_at, model, point, high, actual in query(FORECAST_SQL.format(db=db)).rows:
+    for target_at, model, point, high in query(FORECAST_SQL.format(db=db)).rows:
         at = as_utc(target_at)
         forecast.setdefault(f"{model} forecast", []).append((at, _num(point)))
         forecast.setdefault(f"{model} band top", []).append((at, _num(high)))
-        # a LEFT JOIN miss reads 0 (chDB's defaults): the step has not come yet
-        if _num(actual):
-            forecast.setdefault(f"{model} actual", []).append((at, _num(actual)))
+    # what each forecast saw when it was made, from the first: the chart starts where the
+    # warming decided on it did (a forecast's target is a horizon later)
+    for made_at, model, actual in query(ACTUAL_SQL.format(db=db)).rows:
+        forecast.setdefault(f"{model} actual", []).append((as_utc(made_at), _num(actual)))
     warms = [(as_utc(t), str(label)) for t, label in query(WARM_SQL.format(db=db)).rows]
     out.append((
         "demand",
