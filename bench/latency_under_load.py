@@ -206,6 +206,7 @@ def main() -> None:
                     return late, cpu / wall, wall
 
                 late, utilisation, wall = asyncio.run(run())
+                stalls = _stalls(worker.series())
             finally:
                 worker.stop()
             read = {
@@ -213,6 +214,22 @@ def main() -> None:
                 for spec in (VERDICTS, DECISIONS, ROUTE_COMMANDS)
             }
     _report(args, scenario, start, read, late, utilisation, wall, lags)
+    print("worker's event loop, wake-ups late by more than: " + ", ".join(
+        f"{bound:g} s {count:.0f}" for bound, count in stalls.items()
+    ))  # fmt: skip
+
+
+def _stalls(series: list[tuple[str, float]]) -> dict[float, float]:
+    """The worker's stall probe (``fleetloop_event_loop_stall_seconds``) over the run: how
+    many wake-ups came later than each bucket bound from 0.1 s up."""
+    name = "fleetloop_event_loop_stall_seconds"
+    total = next(v for s, v in series if s == name + "_count")
+    buckets = {
+        float(s.split('le="')[1].split('"')[0]): v
+        for s, v in series
+        if s.startswith(name + "_bucket") and 'le="+Inf"' not in s
+    }
+    return {bound: total - within for bound, within in sorted(buckets.items()) if bound >= 0.1}
 
 
 def _report(

@@ -21,8 +21,9 @@ once:
   for a period: :func:`refractory`. The scorer halves its output for
   ``refractory`` values after an alarm (one anomaly, one detection); the
   detector re-emits an unchanged verdict, a device's or a group's, only once
-  per verdict interval. Time is whatever the caller counts in: values seen, or
-  seconds of event time.
+  per verdict interval, a device's in its own slot of it (:func:`next_slot`), so
+  a fleet's keep-alives do not all come in the same second. Time is whatever
+  the caller counts in: values seen, or seconds of event time.
 
 Everything here is plain numbers and dicts (no objects per device), so a
 device's pickled state does not grow by sharing it.
@@ -31,11 +32,12 @@ device's pickled state does not grow by sharing it.
 from __future__ import annotations
 
 import math
+import zlib
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-__all__ = ["RollingMoments", "likelihood", "rank", "refractory", "streak"]
+__all__ = ["RollingMoments", "likelihood", "next_slot", "phase", "rank", "refractory", "streak"]
 
 
 def likelihood(sigmas: float) -> float:
@@ -55,6 +57,22 @@ def refractory(last: float, now: float, period: float) -> bool:
     """Whether ``now`` still falls inside the refractory ``period`` that began at ``last``
     (the last alarm, the last verdict). ``last`` of ``-inf``: never began."""
     return now - last < period
+
+
+def phase(key: str, slots: int) -> float:
+    """One of ``slots`` evenly spaced shares of a period, in [0, 1), fixed for ``key`` in
+    every process and run (CRC-32 of its UTF-8): where in each period its keep-alive
+    falls."""
+    return (zlib.crc32(key.encode()) % slots) / slots
+
+
+def next_slot(at: float, period: float, offset: float) -> float:
+    """When the slot after the one ``at`` falls in begins, slots being ``period`` long and
+    shifted by ``offset``: a keep-alive said at ``at`` is said again then. Its keep-alives
+    come at most ``period`` apart, and keys with offsets spread over the period say theirs
+    spread over it too; :func:`refractory`'s, counted from a start many keys share (their
+    first sample), come all together every period."""
+    return offset + (math.floor((at - offset) / period) + 1.0) * period
 
 
 def streak(since: dict[str, float], over: Collection[str], at: float) -> dict[str, float]:

@@ -3,7 +3,8 @@
 :class:`HealthDetector` takes the telemetry of the devices of the nodes it
 owns (a partition's worth), one event at a time, and returns the
 :class:`~schemas.verdicts.Verdict` of a device whenever its status changes
-(and at least every ``verdict_interval_s`` while it reports). Time is the
+(and at least every ``verdict_interval_s`` while it reports, in a slot of the interval
+that its id fixes, so a fleet's keep-alives spread over it). Time is the
 events' own (``observed_at``); nothing reads a clock.
 
 Hard faults make a device ``failed`` within the event that shows them:
@@ -93,7 +94,7 @@ from uuid import UUID
 from models.attribution import GROUPS_OF, CommonMode, GroupJudgement, Shared
 from models.cohort import Cohorts
 from models.counts import RiseState
-from models.evidence import refractory, streak
+from models.evidence import next_slot, phase, streak
 from models.health_state import (
     DeviceState,
     EwRegression,
@@ -160,6 +161,10 @@ class HealthDetector:
         self.common = CommonMode(
             self._reading_of, floors, sustain_s=c.sustain_s, verdict_interval_s=c.verdict_interval_s
         )
+
+    def _phase(self, device_uuid: str) -> float:
+        """Where in each verdict interval ``device_uuid``'s keep-alive falls."""
+        return phase(device_uuid, self.config.keepalive_slots)
 
     def _place(self, device_uuid: str, device: DeviceState) -> None:
         """Its groups: what a deviation it shares may belong to (:mod:`models.attribution`)."""
@@ -683,13 +688,15 @@ class HealthDetector:
         if (
             status is device.status
             and confirmed is device.confirmed_emitted
-            and refractory(device.emitted_s, at_s, c.verdict_interval_s)
+            and at_s < device.keepalive_s
         ):
             return []  # most samples end here: what follows is for a verdict that goes out
         if status is HealthStatus.HEALTHY:
             score = max((0.5 * s.value / s.threshold for s in soft if s.threshold > 0), default=0)
         score = min(max(score, 0.0), 1.0)
-        previous, device.status, device.emitted_s = device.status, status, at_s
+        previous, device.status = device.status, status
+        interval = c.verdict_interval_s
+        device.keepalive_s = next_slot(at_s, interval, self._phase(device_uuid) * interval)
         device.confirmed_emitted = confirmed
         shown = (hard + over) or soft
         evidence = "; ".join(describe(s, at_s - device.since.get(s.name, at_s)) for s in shown)

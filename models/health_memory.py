@@ -31,7 +31,7 @@ from schemas.base import AcceleratorType
 from schemas.verdicts import HealthStatus
 
 Memory = dict[str, Any]
-_SKIPPED = {"source", "emitted_s", "confirmed_emitted"}
+_SKIPPED = {"source", "keepalive_s", "confirmed_emitted"}
 _FIELDS = [f for f in fields(DeviceState) if f.name not in _SKIPPED]
 
 

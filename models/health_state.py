@@ -23,6 +23,11 @@ class HealthConfig:
     stall_wall_s: float = 30.0
     blind_ratio: float = 0.3
     verdict_interval_s: float = 30.0
+    # an unchanged verdict is said again once per interval, in one of keepalive_slots slots of
+    # it that the device's id fixes: a tenth of the fleet's keep-alives every 3 s, not all of
+    # them in the second every device first reported (8,000 at once held a hard fault's
+    # quarantine 1-3 s behind them, bench.latency_under_load); more slots spread them thinner
+    keepalive_slots: int = 10
     sustain_s: float = 10.0
     # correctable ECC: a Poisson CUSUM for a storm of ecc_rise_ratio times the device's quiet
     # rate (models.counts.RateRise); its prior is ecc_prior_events in ecc_prior_s
@@ -84,6 +89,10 @@ class HealthConfig:
             prior_s=self.ecc_prior_s,
         )
 
+    def __post_init__(self) -> None:
+        if self.keepalive_slots < 1:
+            raise ValueError("keepalive_slots: at least one slot per verdict interval")
+
     def xid_quiet_per_s(self) -> float:
         return self.xid_quiet_per_day / 86_400.0
 
@@ -115,7 +124,7 @@ class DeviceState:
     clock_ratio: float = 1.0
     clock_moved_s: float = -math.inf  # when the clock ratio last moved by more than settle
     status: HealthStatus = HealthStatus.HEALTHY
-    emitted_s: float = -math.inf
+    keepalive_s: float = -math.inf  # when its unchanged verdict is said again: its next slot
     dbe: int = 0
     fatal_xid: int = 0
     fatal_at_s: float = -math.inf

@@ -4,6 +4,7 @@ peers and history for grey failures, small per-device state."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import pickle
 import random
@@ -157,13 +158,23 @@ def test_per_device_state_is_small_and_state_round_trips() -> None:
     assert clone.accelerator(sample) == det.accelerator(sample)
 
 
-def test_verdicts_come_on_change_and_as_keepalives() -> None:
+def test_verdicts_come_on_change_and_as_keepalives_spread_over_the_interval() -> None:
     det = HealthDetector(HealthConfig(verdict_interval_s=30))
-    sim = _sim(nodes=2)
-    verdicts = _feed(det, sim, 70)
-    per_device = [v for v in verdicts if v.device_uuid == "node-00000-gpu0"]
-    assert [v.status for v in per_device] == [HealthStatus.HEALTHY] * 3  # t=1, 31, 61
-    assert all(0.0 <= v.score < 0.5 for v in per_device)
+    sim = _sim(nodes=8)
+    verdicts = _feed(det, sim, 95)
+    by_device: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by_device.setdefault(v.device_uuid, []).append(v)
+    assert len(by_device) == 64
+    for said in by_device.values():  # the first sample, then one in each 30-s slot of its own
+        assert [v.status for v in said] == [HealthStatus.HEALTHY] * len(said)
+        assert all(0.0 <= v.score < 0.5 for v in said)
+        at = [v.observed_at.timestamp() for v in said]
+        assert len(at) in (4, 5) and all(0 < b - a <= 30 for a, b in itertools.pairwise(at))
+    # every device's first verdict comes with its first sample; the keep-alives after it
+    # spread over the interval (they all came in one second when each counted from its first)
+    keepalives = Counter(v.observed_at for said in by_device.values() for v in said[1:])
+    assert max(keepalives.values()) <= 16 and len(keepalives) >= 20
 
 
 def test_devices_held_down_by_power_caps_are_not_judged_slow() -> None:

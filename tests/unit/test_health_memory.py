@@ -44,7 +44,7 @@ def test_every_record_round_trips_through_the_state_topics_contract() -> None:
         assert after.adopt(device_uuid, recall(back.memory))
     assert set(after.devices) == set(before.devices)
     for device_uuid, d in before.devices.items():
-        said = replace(d, source=None, emitted_s=-math.inf, confirmed_emitted=False)
+        said = replace(d, source=None, keepalive_s=-math.inf, confirmed_emitted=False)
         assert after.devices[device_uuid] == said, device_uuid
     assert any(d.xid_cusum > 0 for d in after.devices.values())  # the flap statistic is kept
     assert all(d.ecc_quiet_s > 0 for d in after.devices.values())  # ECC baselines
