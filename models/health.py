@@ -162,10 +162,6 @@ class HealthDetector:
             self._reading_of, floors, sustain_s=c.sustain_s, verdict_interval_s=c.verdict_interval_s
         )
 
-    def _phase(self, device_uuid: str) -> float:
-        """Where in each verdict interval ``device_uuid``'s keep-alive falls."""
-        return phase(device_uuid, self.config.keepalive_slots)
-
     def _place(self, device_uuid: str, device: DeviceState) -> None:
         """Its groups: what a deviation it shares may belong to (:mod:`models.attribution`)."""
         self.common.place(device_uuid, "node", device.node_id)
@@ -696,7 +692,8 @@ class HealthDetector:
         score = min(max(score, 0.0), 1.0)
         previous, device.status = device.status, status
         interval = c.verdict_interval_s
-        device.keepalive_s = next_slot(at_s, interval, self._phase(device_uuid) * interval)
+        offset = phase(device_uuid, c.keepalive_slots) * interval  # its slot of the interval
+        device.keepalive_s = next_slot(at_s, interval, offset)
         device.confirmed_emitted = confirmed
         shown = (hard + over) or soft
         evidence = "; ".join(describe(s, at_s - device.since.get(s.name, at_s)) for s in shown)

@@ -43,7 +43,13 @@ from controllers.capacity import (
     split_levers,
 )
 from controllers.power import PowerReason
-from controllers.power_routing import PoolWeight, PowerRouter, ReplicaServing, ReplicaWeight
+from controllers.power_routing import (
+    STEP,
+    PoolWeight,
+    PowerRouter,
+    ReplicaServing,
+    ReplicaWeight,
+)
 from controllers.tpot_guard import BatchDecision, TpotGuard
 from planning.racks import RackPlanner
 from planning.registry import CAPACITY, POWER, POWER_ROUTING, TPOT_GUARD
@@ -524,7 +530,7 @@ class ControlPlanner(ThrottleIssuer):
         its feed is back and its hosts are up."""
         now = self.admission.get(pool, 1.0)
         new = self.wiring.power_routing.shed(now, ratio)
-        if now - new < 0.01:
+        if now - new < STEP:  # as a weight: a smaller change is not sent
             return []
         self.admission[pool] = new
         message = (
