@@ -101,11 +101,15 @@ FROM {db}.accelerator_telemetry WHERE device_uuid = '{device}' AND ingested_at >
 GROUP BY t ORDER BY t
 """
 COLD_SQL = """
-SELECT t, d.requests AS demanded, s.served AS served, s.replicas AS replicas
+SELECT t, d.requests AS demanded, s.baseline AS served, s.harvest AS `optional+batch`,
+       s.replicas AS replicas
 FROM (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t, sum(requests) AS requests
       FROM {db}.demand WHERE model = '{model}' AND ingested_at >= {since} GROUP BY t) AS d
 LEFT JOIN (SELECT toStartOfInterval(observed_at, INTERVAL 15 SECOND) AS t,
-                  sum(requests) AS served, uniqExact(replica_id) AS replicas
+                  sum(requests - ifNull(optional_requests, 0) - ifNull(batch_requests, 0))
+                      AS baseline,
+                  sum(ifNull(optional_requests, 0) + ifNull(batch_requests, 0)) AS harvest,
+                  uniqExact(replica_id) AS replicas
            FROM {db}.serving_metrics WHERE model = '{model}' AND ingested_at >= {since}
            GROUP BY t) AS s USING t
 ORDER BY t
@@ -457,7 +461,11 @@ def _report(op: Operator, settings: SimSettings, truth: Truth) -> None:
         table(f"{storm} (the scenario's ECC storm): its health verdicts", VERDICTS_SQL,
               device=storm)  # fmt: skip
         table(f"{storm}: ECC storm, double-bit fault, quarantine", DEVICE_SQL, device=storm)
-    table("gemma-27b: cold, then warmed by the warming controller", COLD_SQL, model="gemma-27b")
+    table(
+        "gemma-27b: cold, then warmed by the warming controller (requests per 15 s: served is "
+        "its demand's; optional+batch is the idle capacity the capacity controller lent out)",
+        COLD_SQL, model="gemma-27b",
+    )  # fmt: skip
     table(
         "dead letters",
         "SELECT source_topic, source_offset, error_kind FROM {db}.dead_letters "
