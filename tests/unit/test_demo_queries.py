@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -42,7 +41,7 @@ def test_the_warming_table_shows_baseline_served_apart_from_lent_out_work(
     assert baseline and demanded
     sink = ClickHouseSink(db, registry=CollectorRegistry())
     asyncio.run(sink.write(records, now=ingest_now()))
-    since = f"toDateTime64('{datetime(2000, 1, 1):%Y-%m-%d %H:%M:%S}', 3, 'UTC')"
+    since = "toDateTime64('2000-01-01 00:00:00', 3, 'UTC')"  # every row this test wrote
     result = db.query(COLD_SQL.format(db="demo_queries", since=since, model=model))
     assert list(result.columns) == ["t", "demanded", "served", "optional+batch", "replicas"]
     rows = result.rows
