@@ -20,7 +20,10 @@ consumer lag or skew between partitions never fakes it. A source that goes
 quiet as a whole counts only after ``stall_wall_s`` of processing time, and
 not at all when more than ``blind_ratio`` of the known nodes went quiet that
 way together: that is the pipeline going blind, not the fleet dying, and it
-stays static.
+stays static. A silence verdict is dated when the silence became evidence (the last
+word plus ``heartbeat_timeout_s``, on the broker's clock) and names no cause event,
+whichever event or tick it was judged on: a heartbeat topic read behind the telemetry
+must not date a crash before it happened.
 
 Soft signals are scored before they are learned, and a device that is over a
 threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):
@@ -648,6 +651,10 @@ class HealthDetector:
     ) -> list[Verdict]:
         c = self.config
         hard, soft = self.signals(device_uuid, device, at_s)
+        silent_s = self._silent_since(device, hard)
+        if silent_s is not None:  # its time and cause are the silence's, not the event's
+            at_s, cause = max(at_s, silent_s), None
+            appended_at = datetime.fromtimestamp(silent_s, UTC)
         over = []
         shared: list[tuple[Reading, Shared]] = []
         for s in soft:
@@ -723,6 +730,18 @@ class HealthDetector:
                 attribution=attribution[:1024],
             )
         ]
+
+    def _silent_since(self, device: DeviceState, hard: list[Reading]) -> float | None:
+        """When silence became the only hard evidence on the broker's clock: the device's (or
+        its node's) last word plus ``heartbeat_timeout_s``; ``None`` where it is not the only
+        evidence. Whatever event the verdict is judged on (a heartbeat read after the
+        telemetry partition moved on, a tick), the verdict is no older than the silence it
+        reports, and the silence, not that event, is its cause."""
+        names = {r.name for r in hard}
+        if not names or not names <= set(SILENCE_SIGNALS):
+            return None
+        last = self.nodes.get(device.node_id, device.live_s) if LOST in names else device.live_s
+        return last + self.config.heartbeat_timeout_s
 
     def _group_verdict(self, judged: GroupJudgement, at_s: float) -> Verdict:
         """A group's verdict: the group in ``device_uuid`` and ``scope``, its medians as

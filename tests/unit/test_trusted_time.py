@@ -64,7 +64,8 @@ def _run(
         out: list[Verdict] = []
         arrived: list[tuple[Event, datetime, tuple[str, int]]] = []
         for e in events:
-            source = ("telemetry", _node(e) % 3)  # two nodes per partition
+            topic = "health" if isinstance(e, NodeHealth) else "telemetry"
+            source = (topic, _node(e) % 3)  # two nodes per partition of each topic
             dated = e.model_copy(update={"observed_at": clock(e, n)})
             item = (dated, e.observed_at, source)
             (backlog if held(e, n) else arrived).append(item)
@@ -255,3 +256,29 @@ def test_a_refused_quarantine_is_not_asked_again_on_a_latch_alone() -> None:
     late.guard.state.isolated.discard("d0")
     [lost] = late.verdict(failed(0, 40, *silent), now=at(40))  # latched, but silent now too
     assert lost.allowed
+
+
+def test_a_crash_read_late_on_the_heartbeat_topic_is_dated_by_its_silence() -> None:
+    """The heartbeat topic's consumer lags the telemetry's: a crashed node's last heartbeats
+    are read after its telemetry partition moved on. The silence they reveal is dated
+    when it began (last sample + timeout), never by the older heartbeat it was read on,
+    and it is the verdict's cause: an evaluation counts the crash found, not a healthy
+    node isolated before it."""
+    crash = FaultSpec(
+        kind=FaultKind.NODE_CRASH, target=TargetSpec(node=4), start_s=40, duration_s=60
+    )
+
+    def lagging(event: Event, step: int) -> bool:
+        return 30 <= step < 50 and isinstance(event, NodeHealth) and _node(event) % 3 == 1
+
+    verdicts, _, detector = _run(held=lagging, faults=(crash,))
+    failed = [v for v in verdicts if v.status is HealthStatus.FAILED]
+    assert failed and {v.node_id for v in failed} == {"node-00004"}
+    timeout = detector.config.heartbeat_timeout_s
+    began = START + timedelta(seconds=40)
+    last_word = began - timedelta(seconds=1)  # its last step's samples and heartbeat
+    for v in failed:
+        assert v.observed_at >= began, (v.observed_at, v.evidence)
+    first = [v for v in failed if v.cause_appended_at is not None]
+    assert first and all(v.cause_event_id is None for v in first)
+    assert {v.cause_appended_at for v in first} == {last_word + timedelta(seconds=timeout)}
