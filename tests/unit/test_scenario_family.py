@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from agents.sim.family import Family, draw_scenario, load_family, parse_seeds
 from agents.sim.noise import TelemetryNoise, partition_of
@@ -264,3 +265,14 @@ def test_a_device_a_shared_condition_destroys_is_a_fault_from_then_on() -> None:
     assert set(faults) == {"lost-n1-gpu0", "f1"}
     assert faults["lost-n1-gpu0"].kind == "overheat_loss"
     assert faults["lost-n1-gpu0"].start.minute == 5
+
+
+@pytest.mark.parametrize("partitions", [1, 4, 12, 13])
+def test_the_lagging_nodes_are_those_the_producer_puts_on_that_partition(partitions: int) -> None:
+    """The noise delays a partition's worth of nodes: the ones Kafka's default partitioner
+    (the agents' producer's) keys onto it, so live and in process lag the same nodes."""
+    keys = [f"node-{i:05d}" for i in range(500)] + ["", "a", "ab", "abc", "r\u00e9gion-\u00fc"]
+    every = list(range(partitions))
+    for key in keys:
+        placed = DefaultPartitioner()(key.encode(), every, every)
+        assert partition_of(key, partitions) == placed, key
