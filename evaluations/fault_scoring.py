@@ -13,7 +13,10 @@ each route command reached the broker.
   of a fault, between the fault's start and ``grace_s`` after its end.
 - **precision** = true detections / detections; **recall** = faults with at
   least one true detection / faults; **time to detect** = first true
-  detection - fault start, per kind.
+  detection - fault start, per kind. A fault that begins on devices the
+  detector already holds ``failed`` (a node dark since its rack's breaker
+  tripped, then drawn to crash) has no detection of its own to make: it counts
+  as found, is listed in ``found_already_failed`` and gives no time to detect.
 - **false isolations**: isolating commands issued for a device no fault was
   touching then, per 1,000 device-days observed, each listed with its cause (the
   decision's reason and message: the signal, the level, the threshold).
@@ -28,8 +31,9 @@ each route command reached the broker.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -112,6 +116,7 @@ class FaultScore:
     tti_s: dict[str, list[float]] = field(default_factory=dict)  # fault start -> all isolated
     not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
+    already_failed: list[str] = field(default_factory=list)  # began on devices held failed
     missed_flaps: list[Fault] = field(default_factory=list)  # with the XIDs each threw
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
@@ -162,6 +167,7 @@ class FaultScore:
             },
             "not_isolated": self.not_isolated,
             "missed": self.missed,
+            "found_already_failed": self.already_failed,
             "missed_evidence": {f.fault_id: f.evidence for f in self.missed_flaps},
             "missed_flap_xids": {f.fault_id: f.xids_thrown for f in self.missed_flaps},
             "false_detections": self.false_detections,
@@ -315,11 +321,15 @@ def score(
     missed_flaps: list[Fault] = []
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
+    standing = _standing_failed(verdicts)
+    already_failed: list[str] = []
     for f in faults:
         found = first.get(f.fault_id)
         taken = None if found is None else max(0.0, (found - f.start).total_seconds())
         if taken is not None:
             ttd[f.kind].append(taken)
+        elif f.devices and all(standing(d, f.start) for d in f.devices):
+            already_failed.append(f.fault_id)
         else:
             missed.append(f.fault_id)
             if f.xids_thrown is not None:
@@ -381,6 +391,7 @@ def score(
         tti_s=tti,
         not_isolated=not_isolated,
         missed=missed,
+        already_failed=already_failed,
         missed_flaps=missed_flaps,
         false_detections=false_detections,
         false_isolation_causes=causes,
@@ -427,6 +438,7 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     )
     out["faults_total"] = sum(int(r["faults"]) for r in runs)
     out["missed_total"] = sum(len(r["missed"]) for r in runs)
+    out["found_already_failed_total"] = sum(len(r.get("found_already_failed", [])) for r in runs)
     # the flaps missed, by how many XIDs each threw in its fault (one XID is no flap)
     thrown = Counter(n for r in runs for n in r.get("missed_flap_xids", {}).values())
     out["missed_flaps_by_xids_thrown"] = {str(n): thrown[n] for n in sorted(thrown)}
@@ -460,6 +472,21 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
     out["not_isolated_total"] = sum(len(r.get("not_isolated", [])) for r in runs)
     return out
+
+
+def _standing_failed(verdicts: list[Verdict]) -> Callable[[str, datetime], bool]:
+    """Whether a device's latest verdict at an instant said ``failed`` (``verdicts`` in
+    time order): the detector held it out when a fault began on it."""
+    history: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
+    for v in verdicts:
+        history[v.device_uuid].append((v.observed_at, v.status is HealthStatus.FAILED))
+
+    def standing(device: str, at: datetime) -> bool:
+        steps = history.get(device, [])
+        i = bisect_right(steps, (at, True))
+        return i > 0 and steps[i - 1][1]
+
+    return standing
 
 
 def _time_to_isolate(

@@ -165,3 +165,32 @@ def test_a_missed_flap_says_how_many_xids_its_device_threw() -> None:
     assert summary["missed_evidence"] == {"f1-flapping_xid": "1 XID thrown in its 300 s"}
     assert summary["missed_flap_xids"] == {"f1-flapping_xid": 1}
     assert aggregate({1: summary, 2: summary})["missed_flaps_by_xids_thrown"] == {"1": 2}
+
+
+def test_a_fault_that_begins_on_devices_held_failed_is_found_with_no_time_to_detect() -> None:
+    """A rack's breaker trips and its node goes dark (failed, as one unit); a crash drawn
+    on that node later has nothing new to show. It counts as found, listed as such, with
+    no time to detect; a fault on a node only half held failed is still missed."""
+
+    def fault(fid: str, kind: str, start: float, end: float, devices: set[str]) -> Fault:
+        return Fault(fid, kind, T0 + timedelta(seconds=start), T0 + timedelta(seconds=end),
+                     frozenset(devices))  # fmt: skip
+
+    faults = [
+        fault("trip", "pdu_overload", 50, 400, {"a1", "a2", "b1", "b2"}),
+        fault("crash-a", "node_crash", 100, 200, {"a1", "a2"}),
+        fault("crash-b", "node_crash", 100, 200, {"b1", "b2"}),
+    ]
+    verdicts = [
+        _verdict("a1", HealthStatus.FAILED, 55),
+        _verdict("a2", HealthStatus.FAILED, 55),
+        _verdict("b1", HealthStatus.FAILED, 55),
+        _verdict("b2", HealthStatus.FAILED, 55),
+        _verdict("b2", HealthStatus.HEALTHY, 90),  # back before the crash: it had to be seen
+    ]
+    s = score(faults, verdicts, [], {}, observed_s=86_400.0)
+    assert s.already_failed == ["crash-a"] and s.missed == ["crash-b"]
+    assert s.recall == pytest.approx(2 / 3)
+    assert "node_crash" not in s.ttd_s
+    assert s.summary()["found_already_failed"] == ["crash-a"]
+    assert aggregate({1: s.summary()})["found_already_failed_total"] == 1
