@@ -17,6 +17,8 @@ each route command reached the broker.
   detector already holds ``failed`` (a node dark since its rack's breaker
   tripped, then drawn to crash) has no detection of its own to make: it counts
   as found, is listed in ``found_already_failed`` and gives no time to detect.
+  A flap that threw no XID in its window left no trace in the telemetry: it is
+  listed in ``no_trace`` and left out of recall (one XID is a trace, and counts).
 - **false isolations**: isolating commands issued for a device no fault was
   touching then, per 1,000 device-days observed, each listed with its cause (the
   decision's reason and message: the signal, the level, the threshold).
@@ -117,6 +119,7 @@ class FaultScore:
     not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
     already_failed: list[str] = field(default_factory=list)  # began on devices held failed
+    no_trace: list[str] = field(default_factory=list)  # flaps that threw no XID: not in recall
     missed_flaps: list[Fault] = field(default_factory=list)  # with the XIDs each threw
     false_detections: list[str] = field(default_factory=list)
     false_isolation_causes: list[str] = field(default_factory=list)
@@ -168,6 +171,7 @@ class FaultScore:
             "not_isolated": self.not_isolated,
             "missed": self.missed,
             "found_already_failed": self.already_failed,
+            "no_trace": self.no_trace,
             "missed_evidence": {f.fault_id: f.evidence for f in self.missed_flaps},
             "missed_flap_xids": {f.fault_id: f.xids_thrown for f in self.missed_flaps},
             "false_detections": self.false_detections,
@@ -323,6 +327,7 @@ def score(
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
     standing = _standing_failed(verdicts)
     already_failed: list[str] = []
+    no_trace: list[str] = []
     for f in faults:
         found = first.get(f.fault_id)
         taken = None if found is None else max(0.0, (found - f.start).total_seconds())
@@ -330,6 +335,8 @@ def score(
             ttd[f.kind].append(taken)
         elif f.devices and all(standing(d, f.start) for d in f.devices):
             already_failed.append(f.fault_id)
+        elif f.xids_thrown == 0:
+            no_trace.append(f.fault_id)
         else:
             missed.append(f.fault_id)
             if f.xids_thrown is not None:
@@ -378,13 +385,14 @@ def score(
                 verdict_latency.append((judged - d.cause_appended_at).total_seconds())
     tti, not_isolated = _time_to_isolate(faults, decisions, node_devices, grace)
     devices = {v.device_uuid for v in verdicts}  # the device verdicts only
+    traced = [f for f in faults if f.fault_id not in no_trace]
     return FaultScore(
         precision=true_detections / len(episodes) if episodes else 1.0,
-        recall=(len(faults) - len(missed)) / len(faults) if faults else 1.0,
+        recall=(len(traced) - len(missed)) / len(traced) if traced else 1.0,
         detections=len(episodes),
         true_detections=true_detections,
         faults=len(faults),
-        detected=len(faults) - len(missed),
+        detected=len(traced) - len(missed),
         false_isolations=false_isolations,
         device_days=len(devices) * observed_s / 86400.0,
         ttd_s=dict(ttd),
@@ -392,6 +400,7 @@ def score(
         not_isolated=not_isolated,
         missed=missed,
         already_failed=already_failed,
+        no_trace=no_trace,
         missed_flaps=missed_flaps,
         false_detections=false_detections,
         false_isolation_causes=causes,
@@ -439,6 +448,7 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     out["faults_total"] = sum(int(r["faults"]) for r in runs)
     out["missed_total"] = sum(len(r["missed"]) for r in runs)
     out["found_already_failed_total"] = sum(len(r.get("found_already_failed", [])) for r in runs)
+    out["no_trace_total"] = sum(len(r.get("no_trace", [])) for r in runs)
     # the flaps missed, by how many XIDs each threw in its fault (one XID is no flap)
     thrown = Counter(n for r in runs for n in r.get("missed_flap_xids", {}).values())
     out["missed_flaps_by_xids_thrown"] = {str(n): thrown[n] for n in sorted(thrown)}

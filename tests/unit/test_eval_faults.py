@@ -167,6 +167,28 @@ def test_a_missed_flap_says_how_many_xids_its_device_threw() -> None:
     assert aggregate({1: summary, 2: summary})["missed_flaps_by_xids_thrown"] == {"1": 2}
 
 
+def test_a_flap_that_threw_no_xid_is_listed_and_left_out_of_recall() -> None:
+    """A flap whose device threw no XID in its window left nothing in the telemetry to
+    find: it is listed apart, not counted missed; a flap with one XID still counts."""
+    start, end = T0 + timedelta(seconds=100), T0 + timedelta(seconds=400)
+    rows = [
+        {"record": "fault", "fault_id": f"f{i}-flapping_xid", "kind": "flapping_xid",
+         "device_uuid": f"d{i}", "node_id": "n", "rack_id": "k",
+         "start_at": start.isoformat(), "end_at": end.isoformat(), "params": {}}
+        for i in (1, 2, 3)
+    ] + [
+        {"record": "consequence", "what": "xid", "target": d, "xid": 43.0, "t_s": t,
+         "at": (T0 + timedelta(seconds=t)).isoformat()}
+        for d, t in (("d1", 200), ("d2", 150), ("d2", 180), ("d3", 50))  # d3's before it
+    ]  # fmt: skip
+    faults = faults_from_truth(rows, {d: ("n", "k") for d in ("d1", "d2", "d3")})
+    assert [f.xids_thrown for f in faults] == [1, 2, 0]
+    s = score(faults, [_verdict("d2", HealthStatus.DYING, 190)], [], {}, observed_s=600.0)
+    assert (s.no_trace, s.missed) == (["f3-flapping_xid"], ["f1-flapping_xid"])
+    assert (s.faults, s.detected, s.recall) == (3, 1, 0.5)
+    assert aggregate({1: s.summary()})["no_trace_total"] == 1
+
+
 def test_a_fault_that_begins_on_devices_held_failed_is_found_with_no_time_to_detect() -> None:
     """A rack's breaker trips and its node goes dark (failed, as one unit); a crash drawn
     on that node later has nothing new to show. It counts as found, listed as such, with
