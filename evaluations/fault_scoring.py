@@ -14,8 +14,8 @@ each route command reached the broker.
 - **precision** = true detections / detections; **recall** = faults with at
   least one true detection / faults; **time to detect** = first true
   detection - fault start, per kind. A fault that begins on devices the
-  detector already holds ``failed`` (a node dark since its rack's breaker
-  tripped, then drawn to crash) has no detection of its own to make: it counts
+  detector already holds ``failed``, and holds so to its end (a node dark since
+  its rack's breaker tripped, then drawn to crash), has nothing to show: it counts
   as found, is listed in ``found_already_failed`` and gives no time to detect.
   A flap that threw no XID in its window left no trace in the telemetry: it is
   listed in ``no_trace`` and left out of recall (one XID is a trace, and counts).
@@ -325,7 +325,7 @@ def score(
     missed_flaps: list[Fault] = []
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
-    standing = _standing_failed(verdicts)
+    held = _held_failed(verdicts)
     already_failed: list[str] = []
     no_trace: list[str] = []
     for f in faults:
@@ -333,7 +333,7 @@ def score(
         taken = None if found is None else max(0.0, (found - f.start).total_seconds())
         if taken is not None:
             ttd[f.kind].append(taken)
-        elif f.devices and all(standing(d, f.start) for d in f.devices):
+        elif f.devices and all(held(d, f.start, f.end) for d in f.devices):
             already_failed.append(f.fault_id)
         elif f.xids_thrown == 0:
             no_trace.append(f.fault_id)
@@ -484,19 +484,22 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _standing_failed(verdicts: list[Verdict]) -> Callable[[str, datetime], bool]:
-    """Whether a device's latest verdict at an instant said ``failed`` (``verdicts`` in
-    time order): the detector held it out when a fault began on it."""
+def _held_failed(verdicts: list[Verdict]) -> Callable[[str, datetime, datetime], bool]:
+    """Whether the detector held a device ``failed`` from ``start`` to ``end``: its latest
+    verdict at ``start`` said so, and none in between said otherwise (``verdicts`` in time
+    order). A device that came back inside a fault had the fault to show, and is judged."""
     history: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
     for v in verdicts:
         history[v.device_uuid].append((v.observed_at, v.status is HealthStatus.FAILED))
 
-    def standing(device: str, at: datetime) -> bool:
+    def held(device: str, start: datetime, end: datetime) -> bool:
         steps = history.get(device, [])
-        i = bisect_right(steps, (at, True))
-        return i > 0 and steps[i - 1][1]
+        i = bisect_right(steps, (start, True))
+        if i == 0 or not steps[i - 1][1]:
+            return False
+        return all(failed for at, failed in steps[i:] if at <= end)
 
-    return standing
+    return held
 
 
 def _time_to_isolate(

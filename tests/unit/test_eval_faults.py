@@ -191,28 +191,29 @@ def test_a_flap_that_threw_no_xid_is_listed_and_left_out_of_recall() -> None:
 
 def test_a_fault_that_begins_on_devices_held_failed_is_found_with_no_time_to_detect() -> None:
     """A rack's breaker trips and its node goes dark (failed, as one unit); a crash drawn
-    on that node later has nothing new to show. It counts as found, listed as such, with
-    no time to detect; a fault on a node only half held failed is still missed."""
+    on that node later, while it is still dark, has nothing new to show. It counts as
+    found, listed as such, with no time to detect. A fault on a node only half held
+    failed, or on one that comes back inside the fault, is still to be seen."""
 
     def fault(fid: str, kind: str, start: float, end: float, devices: set[str]) -> Fault:
         return Fault(fid, kind, T0 + timedelta(seconds=start), T0 + timedelta(seconds=end),
                      frozenset(devices))  # fmt: skip
 
     faults = [
-        fault("trip", "pdu_overload", 50, 400, {"a1", "a2", "b1", "b2"}),
+        fault("trip", "pdu_overload", 50, 400, {"a1", "a2", "b1", "b2", "c1"}),
         fault("crash-a", "node_crash", 100, 200, {"a1", "a2"}),
         fault("crash-b", "node_crash", 100, 200, {"b1", "b2"}),
+        fault("crash-c", "node_crash", 100, 200, {"c1"}),
     ]
-    verdicts = [
-        _verdict("a1", HealthStatus.FAILED, 55),
-        _verdict("a2", HealthStatus.FAILED, 55),
-        _verdict("b1", HealthStatus.FAILED, 55),
-        _verdict("b2", HealthStatus.FAILED, 55),
+    verdicts = [_verdict(d, HealthStatus.FAILED, 55) for d in ("a1", "a2", "b1", "b2", "c1")]
+    verdicts += [
         _verdict("b2", HealthStatus.HEALTHY, 90),  # back before the crash: it had to be seen
+        _verdict("c1", HealthStatus.HEALTHY, 150),  # back inside it: so had this one
+        _verdict("a1", HealthStatus.HEALTHY, 300),  # back after it: nothing to see
     ]
-    s = score(faults, verdicts, [], {}, observed_s=86_400.0)
-    assert s.already_failed == ["crash-a"] and s.missed == ["crash-b"]
-    assert s.recall == pytest.approx(2 / 3)
+    s = score(faults, sorted(verdicts, key=lambda v: v.observed_at), [], {}, observed_s=86_400.0)
+    assert s.already_failed == ["crash-a"] and s.missed == ["crash-b", "crash-c"]
+    assert s.recall == pytest.approx(2 / 4)
     assert "node_crash" not in s.ttd_s
     assert s.summary()["found_already_failed"] == ["crash-a"]
     assert aggregate({1: s.summary()})["found_already_failed_total"] == 1
