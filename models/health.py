@@ -17,8 +17,9 @@ Silence is measured against the progress of the source the samples come from
 (a topic partition, passed as ``source``): a node is silent when its
 partition-mates' heartbeats are ``heartbeat_timeout_s`` ahead of its last, so
 consumer lag or skew between partitions never fakes it. A source that goes
-quiet as a whole counts only after ``stall_wall_s`` of processing time, and
-not at all when more than ``blind_ratio`` of the known nodes went quiet that
+quiet as a whole (a node alone on its partition) counts once the broker says
+the partition was read to its end, or else after ``stall_wall_s`` of
+processing time, and not at all when more than ``blind_ratio`` of the known nodes went quiet that
 way together: that is the pipeline going blind, not the fleet dying, and it
 stays static. A silence verdict is dated when the silence became evidence (the last
 word plus ``heartbeat_timeout_s``, on the broker's clock) and names no cause event,
@@ -89,7 +90,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -388,15 +389,18 @@ class HealthDetector:
             out.extend(self._judge(device_uuid, d, t, health.event_id, appended_at))
         return out
 
-    def tick(self, now: datetime, *, wall_s: float = math.inf) -> list[Verdict]:
+    def tick(
+        self, now: datetime, *, wall_s: float = math.inf, drained: Collection[Hashable] = ()
+    ) -> list[Verdict]:
         """Time passed: heartbeat losses. ``now`` is event time, ``wall_s`` processing time
-        (the clock ``received_s`` came from)."""
+        (the clock ``received_s`` came from); ``drained``: sources the broker says were
+        read to their end (:meth:`unwitnessed` names the ones worth asking about)."""
         t = now.timestamp()
         silent = {n for n, seen in self.nodes.items() if self._behind(n, seen)}
         quiet = {
             n
             for n, seen in self.nodes.items()
-            if n not in silent and self._quiet(n, seen, t, wall_s)
+            if n not in silent and self._quiet(n, seen, t, wall_s, drained)
         }
         if len(quiet) <= self.config.blind_ratio * len(self.nodes):
             silent |= quiet  # else whole sources went quiet at once: we are blind; stay static
@@ -434,13 +438,36 @@ class HealthDetector:
         mark = self.watermarks.get(self.node_source.get(node), seen)
         return mark - seen > self.config.heartbeat_timeout_s
 
-    def _quiet(self, node: str, seen: float, now: float, wall_s: float) -> bool:
-        """Its whole source went quiet: silent only after ``stall_wall_s`` of processing time
-        without a word (and never when most of the fleet went quiet together)."""
+    def _quiet(
+        self, node: str, seen: float, now: float, wall_s: float, drained: Collection[Hashable]
+    ) -> bool:
+        """Its whole source went quiet (no partition-mate to witness it, or none left): silent
+        once the broker says the source was read to its end (nothing appended there is
+        unread: no consumer stall can fake it), or else after ``stall_wall_s`` of processing
+        time without a word; a node found so stays silent until it speaks. Never when most
+        of the fleet went quiet together."""
         c = self.config
+        if now - seen <= c.heartbeat_timeout_s:
+            return False
+        if node in self.lost_nodes or self.node_source.get(node) in drained:
+            return True
         arrived = self.nodes_wall.get(node)
         quiet_wall = wall_s - arrived if arrived is not None else math.inf
-        return now - seen > c.heartbeat_timeout_s and quiet_wall > c.stall_wall_s
+        return quiet_wall > c.stall_wall_s
+
+    def unwitnessed(self, now: datetime) -> set[Hashable]:
+        """Sources of nodes silent past ``heartbeat_timeout_s`` of ``now`` that no
+        partition-mate shows to be behind, not yet lost: whether their partitions were read
+        to the end is the broker's to say (``drained`` of :meth:`tick`)."""
+        t = now.timestamp()
+        return {
+            self.node_source[n]
+            for n, seen in self.nodes.items()
+            if n not in self.lost_nodes
+            and n in self.node_source
+            and t - seen > self.config.heartbeat_timeout_s
+            and not self._behind(n, seen)
+        }
 
     # -- signals --------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import faust
+from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.clock import EventClock
@@ -252,15 +253,19 @@ def _add_detector(
                 await asyncio.sleep(0)
         if newest_ms is not None:  # time passes on the broker's clock, never an agent's
             newest = datetime.fromtimestamp(newest_ms / 1000, UTC)
-            await send(detector.tick(newest, wall_s=time.monotonic()))
+            drained: set[tuple[str, int]] = set()
+            if asked := detector.unwitnessed(newest):  # a node alone on its partition, quiet
+                tps = [TopicPartition(*cast(tuple[str, int], source)) for source in asked]
+                drained = {(tp.topic, tp.partition) for tp in await detect_loop[0].drained(tps)}
+            await send(detector.tick(newest, wall_s=time.monotonic(), drained=drained))
         metrics.future_dated.inc(detector.future_dated - counted[0])
         counted[0] = detector.future_dated
         metrics.devices.set(len(detector.devices))
 
-    loops.add(
+    detect_loop = [loops.add(
         "health.detect", DETECTED, detect,
         batch_within_s=wiring.batch_within_s, on_revoked=moved,
-    )  # fmt: skip
+    )]  # fmt: skip
 
     @app.page("/health/devices")
     async def devices_page(web: Any, request: Any) -> Any:

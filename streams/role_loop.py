@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -221,6 +221,25 @@ class RoleLoop:
         if self.on_assigned is not None and self._consumer is not None:
             async with self._lock:
                 await self.on_assigned(self._consumer, assigned)
+
+    async def drained(self, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Of ``partitions``, the ones this loop owns and has read to their end on the broker
+        now (its position at the log end offset): nothing appended there is unread. Called
+        from within a batch, whose records are all handed over by then."""
+        consumer = self._consumer
+        if consumer is None:
+            return set()
+        owned = consumer.assignment()
+        asked = [tp for tp in partitions if tp in owned]
+        if not asked:
+            return set()
+        try:
+            ends = await consumer.end_offsets(asked)
+            return {tp for tp in asked if await consumer.position(tp) >= ends[tp]}
+        except (KafkaError, IllegalStateError) as exc:  # unknown: as if not asked
+            log.warning("%s: log end offsets of %d partitions unknown: %r", self.name,
+                        len(asked), exc)  # fmt: skip
+            return set()
 
     def paused(self) -> asyncio.Lock:
         """Held, no batch is handled nor any partition handed over (``async with``)."""

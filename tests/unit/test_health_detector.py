@@ -136,6 +136,38 @@ def test_heartbeat_loss_fails_a_node_but_a_blind_pipeline_stays_static() -> None
     assert det2.tick(sim.now + timedelta(seconds=60)) == []
 
 
+def test_a_node_alone_on_its_partition_is_lost_once_the_broker_says_it_was_read_to_the_end() -> (
+    None
+):
+    """No partition-mate witnesses a lone node's silence, and an unread partition looks the
+    same as a silent one. The broker's log end offset tells them apart: read to the end,
+    the node is lost at once, not after ``stall_wall_s``; until then it is not."""
+    sim = _sim()
+    det = HealthDetector(HealthConfig(heartbeat_timeout_s=5, stall_wall_s=30))
+    judged = AcceleratorTelemetry | NodeHealth
+    events = [ev for _spec, ev in sim.tick(5) if isinstance(ev, judged)]
+    alone = "node-00004"
+    source = {ev.node_id: ("health", 7 if ev.node_id == alone else 0) for ev in events}
+    for ev in events:
+        det.observe(ev, received_s=100.0, source=source[ev.node_id])
+    later = sim.now + timedelta(seconds=6)
+    for ev in events:  # every other node speaks on, six seconds of broker time later
+        if isinstance(ev, NodeHealth) and ev.node_id != alone:
+            det.heartbeat(ev.model_copy(update={"observed_at": later}), source=("health", 0))
+    assert det.unwitnessed(sim.now + timedelta(seconds=4)) == set()  # not yet past the timeout
+    assert det.unwitnessed(later) == {("health", 7)}
+    assert det.tick(later, wall_s=101.0) == []  # not read to its end: unread, not silent
+    verdicts = det.tick(later, wall_s=101.5, drained={("health", 7)})
+    assert {v.node_id for v in verdicts if v.status is HealthStatus.FAILED} == {alone}
+    silence = sim.now + timedelta(seconds=5)  # its last word and the timeout: the cause
+    assert {v.cause_appended_at for v in verdicts if v.node_id == alone} == {silence}
+    assert det.unwitnessed(later) == set()  # lost: nothing more to ask
+    assert det.tick(later + timedelta(seconds=1), wall_s=102.0) == []  # still lost, said once
+    beat = next(ev for ev in events if isinstance(ev, NodeHealth) and ev.node_id == alone)
+    det.heartbeat(beat.model_copy(update={"observed_at": later}), source=("health", 7))
+    assert alone not in det.lost_nodes
+
+
 def test_an_ecc_storm_is_dying_before_its_double_bit_fault() -> None:
     fault = FaultSpec(kind=FaultKind.ECC_STORM, target=TargetSpec(node=0, device=1), start_s=20,
                       duration_s=500, params={"lead_s": 300})  # fmt: skip
