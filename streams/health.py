@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -68,6 +69,8 @@ log = logging.getLogger(__name__)
 YIELD_EVERY = 100
 """Messages the detector handles (about 800 samples, 25 ms) before it lets the other tasks
 of the worker's event loop run: the ladder waits for no more than that."""
+DRAINED_EVERY_S = 0.25
+"""The least processing time between two asks of the broker for log end offsets."""
 
 DETECTED = (ACCELERATOR_TICKS, NODE_HEALTH, SERVING_TICKS, ACCELERATOR, SERVING)
 """What ``health.detect`` reads: node ticks (v2) and, from agents not yet upgraded, v1."""
@@ -215,6 +218,7 @@ def _add_detector(
     }
     by_status = {s: metrics.verdicts.labels(s.value) for s in HealthStatus}
     counted = [0]  # detector.future_dated already counted in the metric
+    asked_at = [-math.inf]  # when the broker was last asked for log end offsets (monotonic)
 
     async def detect(records: list[Any]) -> None:
         new = {r.partition for r in records} - recalled
@@ -254,7 +258,11 @@ def _add_detector(
         if newest_ms is not None:  # time passes on the broker's clock, never an agent's
             newest = datetime.fromtimestamp(newest_ms / 1000, UTC)
             drained: set[tuple[str, int]] = set()
-            if asked := detector.unwitnessed(newest):  # a node alone on its partition, quiet
+            # a node alone on its partition, quiet: is the partition read to its end? (at most
+            # every DRAINED_EVERY_S: a consumer behind on many partitions asks no more for it)
+            due = time.monotonic() - asked_at[0] >= DRAINED_EVERY_S
+            if due and (asked := detector.unwitnessed(newest)):
+                asked_at[0] = time.monotonic()
                 tps = [TopicPartition(*cast(tuple[str, int], source)) for source in asked]
                 drained = {(tp.topic, tp.partition) for tp in await detect_loop[0].drained(tps)}
             await send(detector.tick(newest, wall_s=time.monotonic(), drained=drained))

@@ -105,3 +105,49 @@ def test_a_failing_handler_ends_the_loop_and_commits_nothing_of_its_batch(
     error, committed = asyncio.run(run())
     assert isinstance(error, RuntimeError)
     assert committed == handled[0] < MESSAGES  # the first batch, and nothing of the one that failed
+
+
+def test_drained_names_only_partitions_read_to_their_end(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The broker's log end offsets against the loop's position, asked from within a batch:
+    a partition is drained only once every record appended to it was handed over (what
+    tells a node alone on its partition and silent from one whose records are unread)."""
+    topic = topic_prefix + PDU.name
+    asyncio.run(ensure_topics(kafka_bootstrap, prefix=topic_prefix, specs=(PDU,)))
+    asyncio.run(_produce(kafka_bootstrap, topic))
+    every = [TopicPartition(topic, p) for p in range(PDU.partitions)]
+    handed: dict[int, int] = {}
+    calls: list[tuple[dict[int, int], set[int]]] = []  # (handed so far, drained) per batch
+    holder: list[RoleLoop] = []
+
+    async def handle(records: list[object]) -> None:
+        for r in records:
+            p = r.partition  # type: ignore[attr-defined]
+            handed[p] = handed.get(p, 0) + 1
+        drained = await holder[0].drained(every)
+        calls.append((dict(handed), {tp.partition for tp in drained}))
+
+    async def flush() -> None:
+        return None
+
+    async def run() -> None:
+        settings = _settings(kafka_bootstrap, f"{topic_prefix}drained", topic)
+        holder.append(RoleLoop("test.drained", settings, handle, flush=flush))
+        task = asyncio.create_task(holder[0].run())
+        deadline = asyncio.get_running_loop().time() + 60
+        while sum(handed.values()) < MESSAGES:
+            assert not task.done(), task
+            assert asyncio.get_running_loop().time() < deadline, f"{handed} of {MESSAGES}"
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    total = calls[-1][0]
+    assert calls[-1][1] == set(range(PDU.partitions))  # all read: every partition drained
+    for so_far, drained in calls:
+        for p in drained:
+            assert so_far.get(p, 0) == total.get(p, 0), (p, so_far, total)
+    # batches of 50 over 300 records: some batch left a partition with records unread
+    assert any(so_far.get(p, 0) < n for so_far, _ in calls for p, n in total.items())
