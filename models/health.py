@@ -19,12 +19,13 @@ partition-mates' heartbeats are ``heartbeat_timeout_s`` ahead of its last, so
 consumer lag or skew between partitions never fakes it. A source that goes
 quiet as a whole (a node alone on its partition) counts once the broker says
 the partition was read to its end, or else after ``stall_wall_s`` of
-processing time, and not at all when more than ``blind_ratio`` of the known nodes went quiet that
-way together: that is the pipeline going blind, not the fleet dying, and it
-stays static. A silence verdict is dated when the silence became evidence (the last
-word plus ``heartbeat_timeout_s``, on the broker's clock) and names no cause event,
-whichever event or tick it was judged on: a heartbeat topic read behind the telemetry
-must not date a crash before it happened.
+processing time, and not at all when more than ``blind_ratio`` of the known
+nodes went quiet that way together: that is the pipeline going blind, not the
+fleet dying, and it stays static. A silence verdict is dated when the silence
+became evidence (the last word plus ``heartbeat_timeout_s``, on the broker's
+clock) and names no cause event, whichever event or tick it was judged on: a
+heartbeat topic read behind the telemetry must not date a crash before it
+happened.
 
 Soft signals are scored before they are learned, and a device that is over a
 threshold for ``sustain_s`` is ``dying`` (``suspect`` before that):

@@ -264,16 +264,16 @@ def _add_detector(
             if due and (asked := detector.unwitnessed(newest)):
                 asked_at[0] = time.monotonic()
                 tps = [TopicPartition(*cast(tuple[str, int], source)) for source in asked]
-                drained = {(tp.topic, tp.partition) for tp in await detect_loop[0].drained(tps)}
+                drained = {(tp.topic, tp.partition) for tp in await detect_loop.drained(tps)}
             await send(detector.tick(newest, wall_s=time.monotonic(), drained=drained))
         metrics.future_dated.inc(detector.future_dated - counted[0])
         counted[0] = detector.future_dated
         metrics.devices.set(len(detector.devices))
 
-    detect_loop = [loops.add(
+    detect_loop = loops.add(
         "health.detect", DETECTED, detect,
         batch_within_s=wiring.batch_within_s, on_revoked=moved,
-    )]  # fmt: skip
+    )  # fmt: skip
 
     @app.page("/health/devices")
     async def devices_page(web: Any, request: Any) -> Any:

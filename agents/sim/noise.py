@@ -15,39 +15,18 @@ import random
 from datetime import timedelta
 from typing import Any
 
+from aiokafka.partitioner import murmur2
+
 from agents.sim.scenario import NoiseSpec
 
 Record = tuple[Any, Any]  # (topic spec, event)
 
 
-MASK32 = 0xFFFFFFFF
-MURMUR2_M, MURMUR2_SEED = 0x5BD1E995, 0x9747B28C  # the constants Kafka's partitioner uses
-
-
-def murmur2(data: bytes) -> int:
-    """MurmurHash2 (32-bit, Kafka's seed) of ``data``, as an unsigned 32-bit int: the hash
-    Kafka's default partitioner (the Java client's, and aiokafka's) puts a key through."""
-    h = (MURMUR2_SEED ^ len(data)) & MASK32
-    whole = len(data) - len(data) % 4
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * MURMUR2_M) & MASK32
-        k ^= k >> 24
-        k = (k * MURMUR2_M) & MASK32
-        h = ((h * MURMUR2_M) & MASK32) ^ k
-    tail = data[whole:]
-    if tail:
-        h ^= int.from_bytes(tail, "little")
-        h = (h * MURMUR2_M) & MASK32
-    h ^= h >> 13
-    h = (h * MURMUR2_M) & MASK32
-    return h ^ (h >> 15)
-
-
 def partition_of(node_id: str, partitions: int) -> int:
     """The partition a node's events land in, as the agents' producer puts them: Kafka's
-    default partitioner on the node id (the key), so what lags here lags together there."""
-    return (murmur2(node_id.encode()) & 0x7FFFFFFF) % partitions
+    default partitioner (murmur2) on the node id (the key), so what lags here lags together
+    there."""
+    return int(murmur2(node_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 class TelemetryNoise:
