@@ -13,7 +13,7 @@ import base64
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from schemas.codec import DecodeError, TickDecode, decode, decode_tick
 from schemas.commands import DeadLetter
@@ -21,9 +21,9 @@ from schemas.envelopes import HEADS
 from streams.rows import Coordinates
 
 
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    """One consumed message, as bytes, with where it came from."""
+class RawMessage(NamedTuple):
+    """One consumed message, as bytes, with where it came from (a named tuple, as
+    :class:`~streams.rows.Coordinates` is: one is made per message)."""
 
     at: Coordinates
     key: bytes | None

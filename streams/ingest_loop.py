@@ -221,9 +221,10 @@ class IngestLoop:
         batch = _Batch([], {}, {}, {}, self.generation, now)
         for tp, messages in fetched.items():
             spec = s.topics[tp.topic]
+            topic, partition = tp.topic, tp.partition
             raw = [
                 RawMessage(
-                    Coordinates(m.topic, m.partition, m.offset, resent=is_resent(m.headers)),
+                    Coordinates(topic, partition, m.offset, is_resent(m.headers)),
                     m.key,
                     m.value,
                 )

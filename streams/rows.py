@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec.structs import astuple
@@ -48,9 +48,10 @@ COMPACT_INSERT_SETTINGS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Coordinates:
-    """Where a message came from."""
+class Coordinates(NamedTuple):
+    """Where a message came from. A named tuple, not a frozen dataclass: one is made for
+    every message the ingest reads, and a frozen dataclass's ``__init__`` (a guarded
+    ``object.__setattr__`` per field) cost 2 us a message more (``bench.ingest_throughput``)."""
 
     topic: str
     partition: int
