@@ -16,7 +16,10 @@ each route command reached the broker.
   detection - fault start, per kind. A fault that begins on devices the
   detector already holds ``failed``, and holds so to its end (a node dark since
   its rack's breaker tripped, then drawn to crash), has nothing to show: it counts
-  as found, is listed in ``found_already_failed`` and gives no time to detect.
+  as found, is listed in ``found_already_failed`` and gives no time to detect. One
+  that begins on devices held ``failed`` and outlasts their return is timed from the
+  return, when it could first be seen (a slowdown that began on a node dark since its
+  rack's breaker tripped), and listed in ``timed_from_return`` with the seconds held.
   A flap that threw no XID in its window left no trace in the telemetry: it is
   listed in ``no_trace`` and left out of recall (one XID is a trace, and counts).
 - **false isolations**: isolating commands issued for a device no fault was
@@ -119,6 +122,8 @@ class FaultScore:
     not_isolated: list[str] = field(default_factory=list)  # faults some device never left for
     missed: list[str] = field(default_factory=list)
     already_failed: list[str] = field(default_factory=list)  # began on devices held failed
+    # began on devices held failed, timed from their return: fault id -> seconds held
+    from_return: dict[str, float] = field(default_factory=dict)
     no_trace: list[str] = field(default_factory=list)  # flaps that threw no XID: not in recall
     missed_flaps: list[Fault] = field(default_factory=list)  # with the XIDs each threw
     false_detections: list[str] = field(default_factory=list)
@@ -171,6 +176,7 @@ class FaultScore:
             "not_isolated": self.not_isolated,
             "missed": self.missed,
             "found_already_failed": self.already_failed,
+            "timed_from_return": self.from_return,
             "no_trace": self.no_trace,
             "missed_evidence": {f.fault_id: f.evidence for f in self.missed_flaps},
             "missed_flap_xids": {f.fault_id: f.xids_thrown for f in self.missed_flaps},
@@ -325,12 +331,19 @@ def score(
     missed_flaps: list[Fault] = []
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
-    held = _held_failed(verdicts)
+    held, returned = _held_failed(verdicts)
     already_failed: list[str] = []
+    from_return: dict[str, float] = {}
     no_trace: list[str] = []
     for f in faults:
         found = first.get(f.fault_id)
-        taken = None if found is None else max(0.0, (found - f.start).total_seconds())
+        seen_from = f.start  # the first instant a device of it was not held failed
+        if found is not None and f.devices:
+            back = [returned(d, f.start) for d in f.devices]
+            seen_from = min((b for b in back if b is not None), default=f.start)
+            if seen_from > f.start:
+                from_return[f.fault_id] = round((seen_from - f.start).total_seconds(), 3)
+        taken = None if found is None else max(0.0, (found - seen_from).total_seconds())
         if taken is not None:
             ttd[f.kind].append(taken)
         elif f.devices and all(held(d, f.start, f.end) for d in f.devices):
@@ -400,6 +413,7 @@ def score(
         not_isolated=not_isolated,
         missed=missed,
         already_failed=already_failed,
+        from_return=from_return,
         no_trace=no_trace,
         missed_flaps=missed_flaps,
         false_detections=false_detections,
@@ -448,6 +462,7 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     out["faults_total"] = sum(int(r["faults"]) for r in runs)
     out["missed_total"] = sum(len(r["missed"]) for r in runs)
     out["found_already_failed_total"] = sum(len(r.get("found_already_failed", [])) for r in runs)
+    out["timed_from_return_total"] = sum(len(r.get("timed_from_return", {})) for r in runs)
     out["no_trace_total"] = sum(len(r.get("no_trace", [])) for r in runs)
     # the flaps missed, by how many XIDs each threw in its fault (one XID is no flap)
     thrown = Counter(n for r in runs for n in r.get("missed_flap_xids", {}).values())
@@ -484,10 +499,15 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _held_failed(verdicts: list[Verdict]) -> Callable[[str, datetime, datetime], bool]:
-    """Whether the detector held a device ``failed`` from ``start`` to ``end``: its latest
-    verdict at ``start`` said so, and none in between said otherwise (``verdicts`` in time
-    order). A device that came back inside a fault had the fault to show, and is judged."""
+def _held_failed(
+    verdicts: list[Verdict],
+) -> tuple[Callable[[str, datetime, datetime], bool], Callable[[str, datetime], datetime | None]]:
+    """Two questions of the device verdicts (in time order). ``held(device, start, end)``:
+    whether the detector held the device ``failed`` from ``start`` to ``end`` (its latest
+    verdict at ``start`` said so, and none in between said otherwise); a device that came
+    back inside a fault had the fault to show, and is judged. ``returned(device, start)``:
+    when it could be seen again: ``start`` itself if it was not held failed then, else its
+    first verdict after ``start`` that was not ``failed``, or None if none came."""
     history: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
     for v in verdicts:
         history[v.device_uuid].append((v.observed_at, v.status is HealthStatus.FAILED))
@@ -499,7 +519,14 @@ def _held_failed(verdicts: list[Verdict]) -> Callable[[str, datetime, datetime],
             return False
         return all(failed for at, failed in steps[i:] if at <= end)
 
-    return held
+    def returned(device: str, start: datetime) -> datetime | None:
+        steps = history.get(device, [])
+        i = bisect_right(steps, (start, True))
+        if i == 0 or not steps[i - 1][1]:
+            return start
+        return next((at for at, failed in steps[i:] if not failed), None)
+
+    return held, returned
 
 
 def _time_to_isolate(

@@ -217,3 +217,30 @@ def test_a_fault_that_begins_on_devices_held_failed_is_found_with_no_time_to_det
     assert "node_crash" not in s.ttd_s
     assert s.summary()["found_already_failed"] == ["crash-a"]
     assert aggregate({1: s.summary()})["found_already_failed_total"] == 1
+
+
+def test_a_fault_that_begins_on_a_device_held_failed_is_timed_from_its_return() -> None:
+    """Seed 158 of fleet-mix: a rack's breaker trips, its node goes dark (failed), and a
+    grey slowdown begins on one of its devices while it is dark. The slowdown can first be
+    seen when the node is back: its time to detect counts from there, and the fault is
+    listed with the seconds it was held. A fault on a device in service is timed from its
+    own start, as before."""
+    faults = [
+        Fault("grey-dark", "grey_slowdown", T0 + timedelta(seconds=100),
+              T0 + timedelta(seconds=600), frozenset({"a1"}), params={"slowdown_ratio": 0.2}),
+        Fault("grey-lit", "grey_slowdown", T0 + timedelta(seconds=100),
+              T0 + timedelta(seconds=600), frozenset({"b1"}), params={"slowdown_ratio": 0.2}),
+    ]  # fmt: skip
+    verdicts = [
+        _verdict("a1", HealthStatus.FAILED, 50),  # the node went dark before the slowdown
+        _verdict("b1", HealthStatus.HEALTHY, 50),
+        _verdict("a1", HealthStatus.HEALTHY, 380),  # back: 280 s after the slowdown began
+        _verdict("a1", HealthStatus.DYING, 400),  # named 20 s after it could be seen
+        _verdict("b1", HealthStatus.DYING, 400),  # named 300 s after it began
+    ]
+    s = score(faults, verdicts, [], {}, observed_s=86_400.0)
+    assert s.recall == 1.0 and s.already_failed == []
+    assert sorted(s.ttd_s["grey_slowdown"]) == [20.0, 300.0]
+    assert s.grey_ttd_s == [20.0, 300.0]
+    assert s.summary()["timed_from_return"] == {"grey-dark": 280.0}
+    assert aggregate({1: s.summary()})["timed_from_return_total"] == 1
