@@ -331,22 +331,26 @@ def score(
     missed_flaps: list[Fault] = []
     grey_ttd: list[float | None] = []  # slowdowns of 15% or more: seconds, or None if missed
     storms = [0, 0]  # ECC storms flagged before their double-bit fault, ECC storms
-    held, returned = _held_failed(verdicts)
+    returned = _returned(verdicts)
     already_failed: list[str] = []
     from_return: dict[str, float] = {}
     no_trace: list[str] = []
     for f in faults:
         found = first.get(f.fault_id)
+        # each device's return: the fault's start if it was in service then; None if the
+        # detector held it failed past the end of the verdicts
+        back = [returned(d, f.start) for d in f.devices]
         seen_from = f.start  # the first instant a device of it was not held failed
         if found is not None and f.devices:
-            back = [returned(d, f.start) for d in f.devices]
             seen_from = min((b for b in back if b is not None), default=f.start)
             if seen_from > f.start:
                 from_return[f.fault_id] = round((seen_from - f.start).total_seconds(), 3)
         taken = None if found is None else max(0.0, (found - seen_from).total_seconds())
         if taken is not None:
             ttd[f.kind].append(taken)
-        elif f.devices and all(held(d, f.start, f.end) for d in f.devices):
+        elif f.devices and all(b is None or b > f.end for b in back):
+            # held failed from its start to its end: a device that came back inside the
+            # fault had the fault to show, and is judged
             already_failed.append(f.fault_id)
         elif f.xids_thrown == 0:
             no_trace.append(f.fault_id)
@@ -499,25 +503,14 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _held_failed(
-    verdicts: list[Verdict],
-) -> tuple[Callable[[str, datetime, datetime], bool], Callable[[str, datetime], datetime | None]]:
-    """Two questions of the device verdicts (in time order). ``held(device, start, end)``:
-    whether the detector held the device ``failed`` from ``start`` to ``end`` (its latest
-    verdict at ``start`` said so, and none in between said otherwise); a device that came
-    back inside a fault had the fault to show, and is judged. ``returned(device, start)``:
-    when it could be seen again: ``start`` itself if it was not held failed then, else its
-    first verdict after ``start`` that was not ``failed``, or None if none came."""
+def _returned(verdicts: list[Verdict]) -> Callable[[str, datetime], datetime | None]:
+    """When each device could be seen again after ``start`` (``verdicts`` in time order):
+    ``start`` itself if the detector did not hold it ``failed`` then (its latest verdict
+    at ``start`` said otherwise, or there was none), else its first verdict after
+    ``start`` that was not ``failed``, or None if none came."""
     history: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
     for v in verdicts:
         history[v.device_uuid].append((v.observed_at, v.status is HealthStatus.FAILED))
-
-    def held(device: str, start: datetime, end: datetime) -> bool:
-        steps = history.get(device, [])
-        i = bisect_right(steps, (start, True))
-        if i == 0 or not steps[i - 1][1]:
-            return False
-        return all(failed for at, failed in steps[i:] if at <= end)
 
     def returned(device: str, start: datetime) -> datetime | None:
         steps = history.get(device, [])
@@ -526,7 +519,7 @@ def _held_failed(
             return start
         return next((at for at, failed in steps[i:] if not failed), None)
 
-    return held, returned
+    return returned
 
 
 def _time_to_isolate(
