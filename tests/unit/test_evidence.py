@@ -71,7 +71,8 @@ def test_the_scorer_halves_its_output_for_its_refractory_values_after_one_alarm(
         scorer.learn_one(value)
         twin.learn_one(value)
     assert scorer.alarmed_at > 600  # the jump alarmed
-    first = halved.index(True)
+    # (a new extreme of the noise in its first values may alarm too: count from the jump)
+    first = halved.index(True, 600)
     assert first == scorer.alarmed_at  # the value after the alarm's (counted from 1)
     assert halved[first : first + 39] == [True] * 39
     assert not any(halved[first + 39 :])

@@ -8,6 +8,7 @@ import math
 import random
 from datetime import datetime, timedelta
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
 
@@ -24,7 +25,8 @@ from evaluations.nab_scoring import (
     sweep,
 )
 from fleetloop.cli import main
-from models.univariate import StreamScorer, WindowedGaussian
+from models.evidence import rank
+from models.univariate import StreamScorer, StreamScorerConfig, WindowedGaussian
 
 T0 = datetime(2024, 1, 1)
 
@@ -127,6 +129,33 @@ def test_a_rhythm_that_changes_shape_inside_its_range_is_news() -> None:
     assert max(scores[change : change + period]) > max(scores[1000:change])
     # the new shape is learned: a day later it is not news any more
     assert max(scores[change + 300 :]) < max(scores[change : change + period])
+
+
+def test_a_value_the_stream_was_never_near_is_an_anomaly_on_its_own() -> None:
+    """One spike past the range seen so far, in a stream whose short-window likelihood
+    would average it away: beyond ``outside_margin`` of the range it scores at least the
+    alarm's level, higher the further out, and alarms (the refractory period follows)."""
+    rng = random.Random(9)
+    noise = [50.0 + rng.uniform(-10.0, 10.0) for _ in range(2000)]  # range 40-60: margin 1
+    config = StreamScorerConfig()
+    alarm_level = rank(NormalDist().inv_cdf(config.alarm))
+
+    def after(value: float) -> tuple[float, StreamScorer]:
+        scorer = StreamScorer(config)
+        for v in noise:
+            scorer.learn_one(v)
+        return scorer.score_one(value), scorer
+
+    lo, hi = min(noise), max(noise)
+    inside, _ = after(hi + 0.5)  # within the margin: the usual views judge it
+    near, _ = after(hi + 1.5)
+    far, scorer = after(hi + 30.0)
+    assert inside < alarm_level <= near < far < 1.0
+    assert after(lo - 1.5)[0] >= alarm_level  # either side
+    alarmed = scorer.alarmed_at
+    scorer.learn_one(hi + 30.0)
+    assert scorer.alarmed_at == scorer.n > alarmed
+    assert scorer.score_one(hi + 30.0) < 0.5  # halved: one anomaly, one alarm
 
 
 def _score_then_learn(
