@@ -100,6 +100,14 @@ class StreamScorerConfig:
     # on its own: the stream has never been near it (the rarity view's "never held")
     outside_margin: float = 0.05
 
+    def __post_init__(self) -> None:
+        if not 0.5 < self.alarm < 1.0:
+            raise ValueError(f"alarm is a likelihood in (0.5, 1), not {self.alarm}")
+        if self.outside_margin <= 0:
+            raise ValueError(
+                f"outside_margin is a share of the range, > 0, not {self.outside_margin}"
+            )
+
 
 def neighbours(config: StreamScorerConfig | None = None) -> dict[str, StreamScorerConfig]:
     """``config`` (the defaults) by name, and its neighbours: the likelihood's short window,

@@ -9,6 +9,7 @@ import random
 from datetime import datetime, timedelta
 from pathlib import Path
 from statistics import NormalDist
+from typing import Any
 
 import pytest
 
@@ -156,6 +157,15 @@ def test_a_value_the_stream_was_never_near_is_an_anomaly_on_its_own() -> None:
     scorer.learn_one(hi + 30.0)
     assert scorer.alarmed_at == scorer.n > alarmed
     assert scorer.score_one(hi + 30.0) < 0.5  # halved: one anomaly, one alarm
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("alarm", 1.0), ("alarm", 0.4), ("outside_margin", 0.0)]
+)
+def test_scorer_settings_out_of_range_are_refused_plainly(field: str, value: float) -> None:
+    settings: dict[str, Any] = {field: value}
+    with pytest.raises(ValueError, match=field):
+        StreamScorerConfig(**settings)
 
 
 def _score_then_learn(
