@@ -27,11 +27,18 @@ signal (at least ``MIN_MEMBERS`` of them):
 
 When several groups explain it, the broadest one does (a cohort before a rack,
 a rack before a node): a cause shared by every node of a rack is the rack's.
-That holds when the rack's only reporting node is this one, though its air and
-the node's cooling then read alike: the node's name drains the node (a node's
-own cause) and the rack's drains nothing. Measured on the fault family, the
-node's name drained eight healthy devices on 4 of 88 seeds where the rack's
-air was the cause; the rack's name missed one node's cooling in 445 seeds.
+When the rack's only reporting node is this one, the two medians are one
+reading, and physics tells them apart: hot air adds the same degrees to every
+device, while a node whose cooling fails (a higher thermal resistance) heats
+each device in proportion to the power it sheds, a busy one more than an idle
+one. So the node is named when its devices' residuals rise with the heating
+their type's fit gives their power by at least ``HEAT_BOUND_SHARE`` of it (its
+thermal resistance up by half or more), over a spread of heating of at least
+the signal's floor; otherwise the rack is (its name drains nothing; the
+node's would drain the node). Before this, the rack was always named: on the
+fault family the node's name had drained eight healthy devices on 4 of 88
+seeds where the rack's air was the cause, and the rack's name missed a node's
+cooling on a one-node rack in 2 of 465 seeds.
 A shared signal is not the device's evidence: the device stays healthy on it,
 its verdict says which group explains it and why, and the group is watched.
 A watched group is judged on its median like a device (over, then sustained;
@@ -73,6 +80,14 @@ GROUPS_OF: dict[str, tuple[str, ...]] = {
 }
 """Which groups can explain each soft signal: a node's cooling or a rack's air heat its
 devices; a host, a rollout on a type or a model slows them; ECC is a chip's own."""
+
+HEATING = "heating_celsius"
+"""What a device's temperature rises over an idle one's at its power, by its type's fit: the
+measure a node's own cooling failure scales with."""
+
+HEAT_BOUND_SHARE = 0.5
+"""A node's residuals rising with its devices' heating by this share of it or more: its own
+cooling (thermal resistance up by half or more), not the air it shares with its rack."""
 
 MEASURED_BY = {"probe_slow": "probe_gap"}
 """A signal whose group median is taken of another, measured one (a streak has no median
@@ -132,6 +147,9 @@ class GroupState:
     status: HealthStatus = HealthStatus.HEALTHY
     emitted_s: float = -math.inf
     since: dict[str, float] = field(default_factory=dict)
+    # a node named for its own cooling keeps the name while it is watched: drained, its
+    # devices idle alike and no slope shows, yet the air about them is no cooler
+    own_cooling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +258,7 @@ class CommonMode:
             if own is None:
                 return None
             signal = own
+        explaining: dict[str, Shared] = {}
         for kind in kinds:
             key = groups.get(kind)
             if key is None:
@@ -249,8 +268,17 @@ class CommonMode:
                 continue
             if not self._shares(signal.name, g, signal.value, signal.threshold):
                 continue  # the group has not moved, or the device is beyond it: its own
+            explaining[kind] = Shared(key, g)
             if best is None or BREADTH[kind] > BREADTH[best.key.kind]:
-                best = Shared(key, g)
+                best = explaining[kind]
+        node = explaining.get("node")
+        if (
+            best is not None
+            and node is not None
+            and best.key.kind == "rack"
+            and self._own_cooling(node.key, best.key, signal.name, at_s)
+        ):
+            best = node  # the rack's one reporting node, whose own cooling it is
         if best is not None:
             self.watched.setdefault(best.key, GroupState())
         return best
@@ -288,10 +316,60 @@ class CommonMode:
             w = self.reading(wider, name, at_s)
             if w is None:
                 continue
+            if kind == "rack" and self._own_cooling(key, wider, name, at_s):
+                continue  # the rack's one reporting node, whose own cooling it is
             if self._shares(name, w, reading.median, self.floors[name]):
                 self.watched.setdefault(wider, GroupState())
                 return wider
         return None
+
+    def _own_cooling(self, node: GroupKey, rack: GroupKey, name: str, at_s: float) -> bool:
+        """Whether ``rack``'s ``name``, read only on ``node``'s devices, is the node's own
+        cooling: its devices' residuals rise with their heating by ``HEAT_BOUND_SHARE`` or
+        more (a least-squares slope), over a spread of heating of at least the floor. Once
+        so, the node is watched and keeps it until it is healthy again."""
+        if node.kind != "node" or name != "thermal_resid_celsius":
+            return False
+        mine = self.members.get(node, set())
+        for device_uuid in self.members.get(rack, ()):
+            if device_uuid not in mine and self.reading_of(device_uuid, name, at_s) is not None:
+                return False  # another node of the rack reports: the medians differ
+        state = self.watched.get(node)
+        if state is not None and state.own_cooling:
+            return True
+        heat: list[float] = []
+        resid: list[float] = []
+        for device_uuid in mine:
+            r, h = (
+                self.reading_of(device_uuid, name, at_s),
+                self.reading_of(device_uuid, HEATING, at_s),
+            )
+            if r is not None and h is not None:
+                heat.append(h.value)
+                resid.append(r.value)
+        if len(heat) < MIN_MEMBERS or max(heat) - min(heat) < self.floors[name]:
+            return False  # too few devices, or too alike in power, for a slope to show
+        mean_h, mean_r = statistics.fmean(heat), statistics.fmean(resid)
+        spread = sum((h - mean_h) ** 2 for h in heat)
+        slope = sum((h - mean_h) * (r - mean_r) for h, r in zip(heat, resid, strict=True)) / spread
+        if slope < HEAT_BOUND_SHARE:
+            return False
+        self.watched.setdefault(node, GroupState()).own_cooling = True
+        return True
+
+    def _a_nodes_own(self, rack: GroupKey, name: str, at_s: float) -> bool:
+        """Whether ``rack``'s ``name`` is the own cooling of its one reporting node, named so
+        (:meth:`_own_cooling`): the node's verdict says it, not the rack's as well."""
+        if rack.kind != "rack" or name != "thermal_resid_celsius":
+            return False
+        on_rack = self.members.get(rack, set())
+        return any(
+            key.kind == "node"
+            and state.own_cooling
+            and self.members.get(key, set()) <= on_rack
+            and self._own_cooling(key, rack, name, at_s)
+            for key, state in self.watched.items()
+        )
 
     # -- watched groups -------------------------------------------------------------------
 
@@ -312,7 +390,11 @@ class CommonMode:
                     continue
                 readings[name] = g
                 members = max(members, g.members)
-                if self.group_over(name, g) and not self._broader(key, name, g, kinds, at_s):
+                if (
+                    self.group_over(name, g)
+                    and not self._broader(key, name, g, kinds, at_s)
+                    and not self._a_nodes_own(key, name, at_s)
+                ):
                     over_now.append(name)
             # judged as a device is (models.evidence): over, then sustained
             over = streak(state.since, over_now, at_s)

@@ -96,7 +96,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from models.attribution import GROUPS_OF, CommonMode, GroupJudgement, Shared
+from models.attribution import GROUPS_OF, HEATING, CommonMode, GroupJudgement, Shared
 from models.cohort import Cohorts
 from models.counts import RiseState
 from models.evidence import next_slot, phase, streak
@@ -594,6 +594,12 @@ class HealthDetector:
         """One of the soft signals a group may share, as ``device`` reads now (None: it has
         no current reading of it)."""
         c = self.config
+        if name == HEATING:  # what its type's fit says its power heats it by
+            fit = self.thermal_fit.get(device.kind)
+            slope = None if fit is None else fit.slope
+            if slope is None or math.isnan(device.power_smooth):
+                return None
+            return Reading(name=name, value=slope * device.power_smooth, threshold=0)
         if name == "thermal_resid_celsius":
             value, threshold = device.temp_resid, self._thermal_threshold(device)
             if device.thermal_hot:

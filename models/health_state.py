@@ -165,10 +165,17 @@ class EwRegression:
     vxx: float = 0.0
     cxy: float = 0.0
 
-    def residual(self, power_watts: float, temp_celsius: float) -> float | None:
+    @property
+    def slope(self) -> float | None:
+        """``b``, once the fit has seen enough to say it (None before)."""
         if self.n < 30 or self.vxx <= 1e-9:
             return None
-        slope = self.cxy / self.vxx
+        return self.cxy / self.vxx
+
+    def residual(self, power_watts: float, temp_celsius: float) -> float | None:
+        slope = self.slope
+        if slope is None:
+            return None
         return temp_celsius - (self.my + slope * (power_watts - self.mx))
 
     def learn(self, power_watts: float, temp_celsius: float) -> None:

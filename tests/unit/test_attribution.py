@@ -83,7 +83,9 @@ def test_two_slow_devices_of_a_node_are_two_device_faults() -> None:
 def _common(values: dict[str, float]) -> CommonMode:
     def reading_of(device: str, name: str, at_s: float) -> Reading | None:
         del at_s
-        return Reading(name, values[device], 8.0) if device in values else None
+        if device not in values or name != "thermal_resid_celsius":
+            return None
+        return Reading(name, values[device], 8.0)
 
     common = CommonMode(
         reading_of, {"thermal_resid_celsius": 8.0}, sustain_s=10.0, verdict_interval_s=30.0
@@ -99,9 +101,116 @@ def test_a_device_beyond_its_hot_node_is_still_its_own() -> None:
     common = _common(values)
     hot = Reading("thermal_resid_celsius", 10.0, 8.0)
     explained = common.explain("d0", hot, 0.0)
-    # the broadest, even where the rack reads no further than the node (models.attribution)
+    # the broadest, even where the rack reads no further than the node, when nothing says
+    # the heat is the node's own (here no device's heating is known: models.attribution)
     assert explained is not None and explained.key == GroupKey("rack", "r1")
     assert common.explain("d7", Reading("thermal_resid_celsius", 25.0, 8.0), 0.0) is None
+
+
+def _one_node_rack(
+    resid: dict[str, float], heating: dict[str, float], others: dict[str, float] | None = None
+) -> CommonMode:
+    """Node n1's devices (``resid``, ``heating``) and, on rack r1 beside them, ``others``
+    (devices of node n2 reporting that residual; none: n1 is the rack's one reporting node)."""
+    others = others or {}
+
+    def reading_of(device: str, name: str, at_s: float) -> Reading | None:
+        del at_s
+        if name == "heating_celsius" and device in heating:
+            return Reading(name, heating[device], 0.0)
+        if name == "thermal_resid_celsius" and device in resid | others:
+            return Reading(name, (resid | others)[device], 8.0)
+        return None
+
+    common = CommonMode(
+        reading_of, {"thermal_resid_celsius": 8.0}, sustain_s=10.0, verdict_interval_s=30.0
+    )
+    for device in resid:
+        common.place(device, "node", "n1")
+        common.place(device, "rack", "r1")
+    for device in others:
+        common.place(device, "node", "n2")
+        common.place(device, "rack", "r1")
+    return common
+
+
+@pytest.mark.parametrize(
+    ("inlet", "resistance_rise", "others", "named"),
+    [
+        (12.0, 1.0, False, "node"),  # failed cooling: a busy device heats more than an idle one
+        (12.0, 0.0, False, "rack"),  # hot air: the same degrees on every device
+        (12.0, 0.3, False, "rack"),  # a rise in step with power, but too slight for a fault
+        (12.0, 1.0, True, "rack"),  # another node of the rack reads as hot: the rack's
+    ],
+)
+def test_a_one_node_rack_names_the_node_whose_cooling_heats_with_power(
+    inlet: float, resistance_rise: float, others: bool, named: str
+) -> None:
+    """When a rack's one reporting node runs hot, the two medians are one reading. A node
+    whose cooling failed (a higher thermal resistance) heats each device in proportion to
+    the power it sheds; hot air adds the same degrees to all. Two spares idle on the node
+    (heating 5 C) beside six busy devices (30 C)."""
+    heating = {f"d{i}": 5.0 if i >= 6 else 30.0 for i in range(8)}
+    resid = {d: inlet + resistance_rise * h for d, h in heating.items()}
+    hot_neighbours = {f"e{i}": inlet + resistance_rise * 30.0 for i in range(8)} if others else {}
+    common = _one_node_rack(resid, heating, hot_neighbours)
+    device = "d0"
+    explained = common.explain(device, Reading("thermal_resid_celsius", resid[device], 8.0), 0.0)
+    assert explained is not None and explained.key.kind == named
+    # judged over time, the node is not handed to the rack when its cooling is its own
+    common.judge(0.0)
+    dying = {j.key.kind for j in common.judge(12.0) if j.status is HealthStatus.DYING}
+    assert dying == {named}
+    if named == "node":
+        # drained, its devices idle alike (no slope shows), but their air is no cooler: the
+        # node keeps its cooling's name while it is watched, not handed to the rack
+        heating.update(dict.fromkeys(heating, 5.0))
+        resid.update({d: inlet + resistance_rise * 5.0 for d in resid})
+        again = common.judge(45.0)
+        assert [(j.key.kind, j.status) for j in again] == [("node", HealthStatus.DYING)]
+
+
+def test_a_rack_named_before_its_one_nodes_cooling_showed_hands_the_heat_to_the_node() -> None:
+    """The first minute of a node's failed cooling: every device is hot, the heat has not yet
+    spread by power, and the rack is named. Once a busy device runs hotter than an idle one
+    in proportion, the node is named and the rack, its one reporting node's, is healthy."""
+    heating = {f"d{i}": 5.0 if i >= 6 else 30.0 for i in range(8)}
+    resid = dict.fromkeys(heating, 12.0)
+    common = _one_node_rack(resid, heating)
+    first = common.explain("d0", Reading("thermal_resid_celsius", 12.0, 8.0), 0.0)
+    assert first is not None and first.key.kind == "rack"
+    assert [(j.key.kind, j.status) for j in common.judge(0.0)] == [("rack", HealthStatus.SUSPECT)]
+    resid.update({d: 12.0 + h for d, h in heating.items()})  # the cooling's share shows
+    named = common.explain("d0", Reading("thermal_resid_celsius", resid["d0"], 8.0), 5.0)
+    assert named is not None and named.key.kind == "node"
+    judged = {j.key.kind: j.status for j in common.judge(6.0)}
+    assert judged == {"rack": HealthStatus.HEALTHY, "node": HealthStatus.SUSPECT}
+    assert set(common.watched) == {GroupKey("node", "n1")}
+
+
+@pytest.mark.parametrize("kind", [FaultKind.THERMAL_RUNAWAY, FaultKind.INLET_HEAT])
+def test_a_one_node_racks_heat_is_named_by_its_physics(kind: FaultKind) -> None:
+    """Nine nodes, four to a rack: node-00008 is rack-0002's only node. Its failed cooling
+    (thermal resistance doubled, inlet 12 C up) is the node's, drained as one unit; hot air
+    on its rack (inlet 12 C up) is the rack's and drains nothing. Seed 288 of the fault
+    family named such a node's cooling as its rack's before, and nothing was drained."""
+    target = TargetSpec(node=8) if kind is FaultKind.THERMAL_RUNAWAY else TargetSpec(rack=2)
+    params = {"inlet_rise_celsius": 12.0}
+    fault = FaultSpec(kind=kind, target=target, start_s=200, duration_s=300, params=params)
+    fleet = FleetSpec(nodes=9, seed=5, type_mix=(AcceleratorType.H100,))  # peers on 8 nodes
+    scenario = Scenario(duration_s=420, fleet=fleet, faults=(fault,))
+    verdicts = feed_detector(HealthDetector(), Simulation(scenario, start=START), 420)
+    on_node = [v for v in verdicts if v.level is Level.DEVICE and v.node_id == "node-00008"]
+    assert on_node and not [v for v in on_node if v.status in FLAGGED]
+    groups = [v for v in verdicts if v.level is not Level.DEVICE]
+    dying = {v.scope for v in groups if v.status is HealthStatus.DYING}
+    last = {v.scope: v.status for v in groups}
+    if kind is FaultKind.THERMAL_RUNAWAY:
+        assert "node-00008" in dying and last["node-00008"] is HealthStatus.DYING
+        # the rack may be named in the first seconds, before the heat spreads by power
+        assert last.get("rack-0002", HealthStatus.HEALTHY) is HealthStatus.HEALTHY
+    else:
+        assert dying == {"rack-0002"} and last["rack-0002"] is HealthStatus.DYING
 
 
 def test_a_group_is_over_then_sustained_then_healthy_again() -> None:
