@@ -37,8 +37,8 @@ thermal resistance up by half or more), over a spread of heating of at least
 the signal's floor; otherwise the rack is (its name drains nothing; the
 node's would drain the node). Before this, the rack was always named: on the
 fault family the node's name had drained eight healthy devices on 4 of 88
-seeds where the rack's air was the cause, and the rack's name missed a node's
-cooling on a one-node rack in 2 of 465 seeds.
+seeds where the rack's air was the cause, and the rack's name missed every
+failed cooling on a one-node rack in seeds 1-600 (five, all found now).
 A shared signal is not the device's evidence: the device stays healthy on it,
 its verdict says which group explains it and why, and the group is watched.
 A watched group is judged on its median like a device (over, then sustained;
