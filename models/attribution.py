@@ -258,7 +258,7 @@ class CommonMode:
             if own is None:
                 return None
             signal = own
-        explaining: dict[str, Shared] = {}
+        node: Shared | None = None  # the device's node, where it explains the signal too
         for kind in kinds:
             key = groups.get(kind)
             if key is None:
@@ -268,10 +268,10 @@ class CommonMode:
                 continue
             if not self._shares(signal.name, g, signal.value, signal.threshold):
                 continue  # the group has not moved, or the device is beyond it: its own
-            explaining[kind] = Shared(key, g)
+            shared = Shared(key, g)
+            node = shared if kind == "node" else node
             if best is None or BREADTH[kind] > BREADTH[best.key.kind]:
-                best = explaining[kind]
-        node = explaining.get("node")
+                best = shared
         if (
             best is not None
             and node is not None
@@ -349,10 +349,7 @@ class CommonMode:
                 resid.append(r.value)
         if len(heat) < MIN_MEMBERS or max(heat) - min(heat) < self.floors[name]:
             return False  # too few devices, or too alike in power, for a slope to show
-        mean_h, mean_r = statistics.fmean(heat), statistics.fmean(resid)
-        spread = sum((h - mean_h) ** 2 for h in heat)
-        slope = sum((h - mean_h) * (r - mean_r) for h, r in zip(heat, resid, strict=True)) / spread
-        if slope < HEAT_BOUND_SHARE:
+        if statistics.linear_regression(heat, resid).slope < HEAT_BOUND_SHARE:
             return False
         self.watched.setdefault(node, GroupState()).own_cooling = True
         return True
