@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import math
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -172,32 +174,68 @@ def summary(results: list[tuple[Variant, Run, Run]]) -> dict[str, Any]:
     return out
 
 
+def _line(v: Variant, off: Run, on: Run) -> str:
+    return (f"{v.name:44s} over SLO {off.over_slo_ratio:7.3%} -> {on.over_slo_ratio:7.3%}  "
+            f"TTFT {off.mean_ttft_s * 1e3:7.0f} -> {on.mean_ttft_s * 1e3:7.0f} ms  "
+            f"refused {off.refused:8.0f} -> {on.refused:8.0f}  trips {off.trips}/{on.trips}"
+            f"  moves {on.pool_moves}")  # fmt: skip
+
+
+def run_grid(
+    only: str | None = None,
+    *,
+    seconds: float = 480.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The grid (or one pairing of it, ``only`` as CAPPED/OTHER), each variant off then on:
+    ``{"summary": ..., "per_variant": [...]}``. ``progress`` gets a line per variant."""
+    logging.getLogger("agents.executors").setLevel(logging.WARNING)  # a line per command
+    chosen = [v for v in variants() if not only or f"{v.capped}/{v.other}" == only]
+    if not chosen:
+        raise ValueError(f"{only}: the pairings are {[f'{a}/{b}' for a, b in PAIRS]}")
+    results = []
+    for v in chosen:
+        off = run(v, across_pools=False, seconds=seconds)
+        on = run(v, across_pools=True, seconds=seconds)
+        results.append((v, off, on))
+        if progress is not None:
+            progress(_line(v, off, on))
+    per = [{"variant": asdict(v), "name": v.name, "off": asdict(off), "on": asdict(on)}
+           for v, off, on in results]  # fmt: skip
+    return {"summary": summary(results), "per_variant": per}
+
+
+def format_grid(result: dict[str, Any]) -> str:
+    """The grid's summary as an operator reads it (the lines per variant come as it runs)."""
+    s = result["summary"]
+    lines = [f"{s['variants']} variants; a pool's share moved across pools in {s['moved']}",
+             f"breaker trips, all variants: off {s['trips']['off']}, on {s['trips']['on']}",
+             "over the variants where it moved, off -> on:"]  # fmt: skip
+    labels = {"over_slo_ratio": "share served over the SLO", "mean_ttft_s": "mean TTFT (s)",
+              "refused": "requests refused"}  # fmt: skip
+    for key, label in labels.items():
+        k = s.get(key)
+        if k is None:
+            continue
+        geo, worst = k["ratio_geomean"], k["ratio_worst"]
+        ratios = "" if geo is None else f"; on/off geomean {geo:.2f}, worst {worst:.2f}"
+        lines.append(f"  {label:27s} summed {k['off_total']:.4g} -> {k['on_total']:.4g}{ratios}"
+                     f"; worse/better by 5%: {k['worse']}/{k['better']}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluations.pool_routing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--seconds", type=float, default=480.0)
     parser.add_argument("--only", help="one pairing, as CAPPED/OTHER (A100/H100, ...)")
     args = parser.parse_args(argv)
-    chosen = [v for v in variants() if not args.only or f"{v.capped}/{v.other}" == args.only]
-    if not chosen:
-        parser.error(f"--only {args.only}: the pairings are {[f'{a}/{b}' for a, b in PAIRS]}")
-    results = []
-    for v in chosen:
-        off = run(v, across_pools=False, seconds=args.seconds)
-        on = run(v, across_pools=True, seconds=args.seconds)
-        results.append((v, off, on))
-        if not args.json:
-            print(f"{v.name:44s} over SLO {off.over_slo_ratio:7.3%} -> {on.over_slo_ratio:7.3%}  "
-                  f"TTFT {off.mean_ttft_s * 1e3:7.0f} -> {on.mean_ttft_s * 1e3:7.0f} ms  "
-                  f"refused {off.refused:8.0f} -> {on.refused:8.0f}  trips {off.trips}/{on.trips}"
-                  f"  moves {on.pool_moves}", flush=True)  # fmt: skip
-    total = summary(results)
-    if args.json:
-        per = [{"variant": asdict(v), "off": asdict(off), "on": asdict(on)}
-               for v, off, on in results]  # fmt: skip
-        print(json.dumps({"summary": total, "per_variant": per}, indent=1))
-    else:
-        print(json.dumps(total, indent=1))
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    try:
+        result = run_grid(args.only, seconds=args.seconds, progress=progress)
+    except ValueError as exc:
+        parser.error(f"--only {exc}")
+    print(json.dumps(result, indent=1) if args.json else format_grid(result))
     return 0
 
 

@@ -122,8 +122,12 @@ def _cmd_eval_control(args: argparse.Namespace) -> int:
     from evaluations.control import format_control, run_eval_control
     from evaluations.control_scenario import ControlScenarioError, load_control_scenario
 
-    if (args.family is None) == (args.scenario is None):
-        raise SystemExit("eval control: give --scenario FILE or --family NAME --seeds A-B")
+    if sum(x is not None for x in (args.family, args.scenario, args.routing)) != 1:
+        raise SystemExit(
+            "eval control: give --scenario FILE, --family NAME --seeds A-B, or --routing [PAIR]"
+        )
+    if args.routing is not None:
+        return _eval_routing(args)
     try:
         if args.family is not None:
             path = Path(args.family)
@@ -137,6 +141,21 @@ def _cmd_eval_control(args: argparse.Namespace) -> int:
     except (ControlScenarioError, ScenarioError) as exc:
         raise SystemExit(f"fleetloop: {exc}") from None
     print(json.dumps(result, sort_keys=True) if args.json else format_control(result))
+    return 0
+
+
+def _eval_routing(args: argparse.Namespace) -> int:
+    """Power-aware routing across pools: the pool-capped grid, off and on."""
+    from evaluations import pool_routing
+
+    only = None if args.routing == "all" else args.routing
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    try:
+        result = pool_routing.run_grid(only, seconds=args.seconds, progress=progress)
+    except ValueError as exc:
+        raise SystemExit(f"eval control --routing {exc}") from None
+    text = pool_routing.format_grid(result)
+    print(json.dumps(result, sort_keys=True) if args.json else text)
     return 0
 
 
@@ -202,6 +221,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     control.add_argument(
         "--seeds", help="the family's seeds to draw, e.g. 1-5 or 101-120 (default 1-5)"
+    )
+    control.add_argument(
+        "--routing",
+        nargs="?",
+        const="all",
+        metavar="PAIR",
+        help="instead: routing across pools when a rack's feed is cut, on the pool-capped "
+        "grid (48 variants, or one pairing such as A100/H100), off then on",
+    )
+    control.add_argument(
+        "--seconds", type=float, default=480.0, help="with --routing: simulated s a variant"
     )
     control.add_argument("--json", action="store_true", help="one JSON object on stdout")
     control.set_defaults(func=_cmd_eval_control)

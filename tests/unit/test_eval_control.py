@@ -123,8 +123,10 @@ def test_a_bad_control_family_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("name: x\npool: {devices: [8, 16], rogue: 1}\n")
     with pytest.raises(SystemExit, match="rogue"):
         main(["eval", "control", "--family", str(bad), "--seeds", "1"])
-    with pytest.raises(SystemExit, match="--scenario FILE or --family"):
+    with pytest.raises(SystemExit, match="--scenario FILE, --family NAME"):
         main(["eval", "control"])
+    with pytest.raises(SystemExit, match="--routing"):
+        main(["eval", "control", "--family", "pool-mix", "--routing"])
 
 
 def test_a_bad_control_scenario_is_a_clear_error(tmp_path: Path) -> None:

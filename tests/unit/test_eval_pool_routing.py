@@ -4,10 +4,15 @@ worker's own settings."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from agents.sim.scenario import load_scenario
+from evaluations import pool_routing
 from evaluations.pool_routing import BUILT_ON, Variant, run, summary, variants
+from fleetloop.cli import main
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios"
 
@@ -57,3 +62,23 @@ def test_a_rack_no_cap_can_hold_sheds_load_until_it_is_under_its_breaker() -> No
     off = run(_variant("B200", "A100", 0.7, 0.35, 0.05), across_pools=False, seconds=720.0)
     assert off.trips == 0 and off.admission_cuts > 0, off
     assert off.admitted_at_end == 1.0, off
+
+
+def test_eval_control_runs_the_grid_with_routing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `fleetloop eval control --routing PAIR` runs the grid's variants of that pairing, off
+    # then on; here the pairing's variants are cut to its base, whose pool share moves
+    [base] = [v for v in variants() if (v.capped, v.other, v.load, v.feed, v.slo_s) == BUILT_ON]
+    monkeypatch.setattr(pool_routing, "variants", lambda: [base])
+    assert main(["eval", "control", "--routing", "A100/H100", "--seconds", "300", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["summary"]["variants"] == 1 and result["summary"]["moved"] == 1
+    [row] = result["per_variant"]
+    assert row["name"] == base.name and row["on"]["pool_moves"] > 0 == row["off"]["pool_moves"]
+    assert row["on"]["trips"] == row["off"]["trips"] == 0
+    assert main(["eval", "control", "--routing", "A100/H100", "--seconds", "150"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(base.name) and "breaker trips, all variants: off 0, on 0" in text
+    with pytest.raises(SystemExit, match="the pairings are"):
+        main(["eval", "control", "--routing", "TPU/H100"])
