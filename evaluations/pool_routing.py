@@ -211,16 +211,18 @@ def format_grid(result: dict[str, Any]) -> str:
     lines = [f"{s['variants']} variants; a pool's share moved across pools in {s['moved']}",
              f"breaker trips, all variants: off {s['trips']['off']}, on {s['trips']['on']}",
              "over the variants where it moved, off -> on:"]  # fmt: skip
-    labels = {"over_slo_ratio": "share served over the SLO", "mean_ttft_s": "mean TTFT (s)",
-              "refused": "requests refused"}  # fmt: skip
-    for key, label in labels.items():
-        k = s.get(key)
-        if k is None:
-            continue
+    labels = {
+        "over_slo_ratio": ("share served over the SLO", "{:.1%}"),
+        "mean_ttft_s": ("mean TTFT", "{:.1f} s"),
+        "refused": ("requests refused", "{:,.0f}"),
+    }
+    for key, (label, form) in labels.items():
+        k = s[key]
         geo, worst = k["ratio_geomean"], k["ratio_worst"]
         ratios = "" if geo is None else f"; on/off geomean {geo:.2f}, worst {worst:.2f}"
-        lines.append(f"  {label:27s} summed {k['off_total']:.4g} -> {k['on_total']:.4g}{ratios}"
-                     f"; worse/better by 5%: {k['worse']}/{k['better']}")  # fmt: skip
+        off, on = form.format(k["off_total"]), form.format(k["on_total"])
+        lines.append(f"  {label:26s} summed {off} -> {on}{ratios}; "
+                     f"worse/better by 5%: {k['worse']}/{k['better']}")  # fmt: skip
     return "\n".join(lines)
 
 
