@@ -251,11 +251,14 @@ def conditions_from_truth(
     rows: Iterable[Mapping[str, Any]], layout: Mapping[str, tuple[str, str]]
 ) -> list[Condition]:
     """Every fault and shared condition of the truth file as the groups it covers: a node
-    fault its node, a rack's its rack and the rack's nodes, a rollout its cohorts (a type or
+    fault its node (and its rack, where the node is the rack's only one: the two are the
+    same devices), a rack's its rack and the rack's nodes, a rollout its cohorts (a type or
     a model, in a region or all), a demand surge its region's cohorts."""
     racks: dict[str, set[str]] = defaultdict(set)
+    rack_of: dict[str, str] = {}
     for node, rack in layout.values():
         racks[rack].add(node)
+        rack_of[node] = rack
     out = []
     for r in rows:
         if r.get("record") != "fault":
@@ -263,6 +266,9 @@ def conditions_from_truth(
         scopes: set[str] = set()
         if r["node_id"] and not r["device_uuid"]:
             scopes.add(r["node_id"])
+            rack = rack_of.get(r["node_id"])
+            if rack is not None and racks[rack] == {r["node_id"]}:
+                scopes.add(rack)
         if r["rack_id"]:
             scopes |= {r["rack_id"], *racks.get(r["rack_id"], ())}
         names = {n for n in (r.get("accelerator_type"), r.get("model")) if n}

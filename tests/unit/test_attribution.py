@@ -12,7 +12,7 @@ from agents.sim.scenario import FaultKind, FaultSpec, FleetSpec, Scenario, Targe
 from agents.sim.simulation import Simulation
 from controllers.guardrail import Guardrail, GuardrailConfig
 from controllers.isolation import IsolationLadder, LadderConfig
-from evaluations.fault_scoring import Condition, Fault, score
+from evaluations.fault_scoring import Condition, Fault, conditions_from_truth, score
 from models.attribution import CommonMode, GroupKey
 from models.health import HealthConfig, HealthDetector
 from models.health_state import Reading
@@ -318,6 +318,26 @@ def test_scoring_counts_group_verdicts_apart(scope: str, explained: bool) -> Non
     assert result.group_detections == 1
     assert (result.group_unexplained == []) is explained
     assert (result.detected == 1) is (scope == "node-00005")  # it names the faulty node
+
+
+def test_a_node_fault_explains_its_rack_where_the_node_is_the_racks_only_one() -> None:
+    # a rack of one node: a verdict naming the rack names the node's devices, no others
+    layout = {"node-00005-gpu0": ("node-00005", "rack-0001"),
+              "node-00005-gpu1": ("node-00005", "rack-0001"),
+              "node-00006-gpu0": ("node-00006", "rack-0002"),
+              "node-00007-gpu0": ("node-00007", "rack-0002")}  # fmt: skip
+    row = {
+        "record": "fault",
+        "kind": "thermal_runaway",
+        "device_uuid": None,
+        "rack_id": None,
+        "start_at": START.isoformat(),
+        "end_at": (START + timedelta(seconds=600)).isoformat(),
+    }
+    [alone] = conditions_from_truth([{**row, "node_id": "node-00005"}], layout)
+    assert alone.covers("rack-0001") and alone.covers("node-00005")
+    [shared] = conditions_from_truth([{**row, "node_id": "node-00006"}], layout)
+    assert shared.covers("node-00006") and not shared.covers("rack-0002")  # its rack has two
 
 
 def test_group_verdicts_name_what_does_not_apply() -> None:
