@@ -266,9 +266,9 @@ def conditions_from_truth(
         scopes: set[str] = set()
         if r["node_id"] and not r["device_uuid"]:
             scopes.add(r["node_id"])
-            rack = rack_of.get(r["node_id"])
-            if rack is not None and racks[rack] == {r["node_id"]}:
-                scopes.add(rack)
+            home = rack_of.get(r["node_id"])
+            if home is not None and racks[home] == {r["node_id"]}:
+                scopes.add(home)
         if r["rack_id"]:
             scopes |= {r["rack_id"], *racks.get(r["rack_id"], ())}
         names = {n for n in (r.get("accelerator_type"), r.get("model")) if n}

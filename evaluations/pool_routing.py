@@ -174,8 +174,8 @@ def summary(results: list[tuple[Variant, Run, Run]]) -> dict[str, Any]:
     return out
 
 
-def _line(v: Variant, off: Run, on: Run) -> str:
-    return (f"{v.name:44s} over SLO {off.over_slo_ratio:7.3%} -> {on.over_slo_ratio:7.3%}  "
+def _line(variant: Variant, off: Run, on: Run) -> str:
+    return (f"{variant.name:44s} over SLO {off.over_slo_ratio:7.3%} -> {on.over_slo_ratio:7.3%}  "
             f"TTFT {off.mean_ttft_s * 1e3:7.0f} -> {on.mean_ttft_s * 1e3:7.0f} ms  "
             f"refused {off.refused:8.0f} -> {on.refused:8.0f}  trips {off.trips}/{on.trips}"
             f"  moves {on.pool_moves}")  # fmt: skip
