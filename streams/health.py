@@ -353,12 +353,14 @@ def _add_isolation(
                 continue
             held.clock.observe(v.observed_at, time.monotonic())
             now = held.clock.now(time.monotonic())
-            if v.level is not Level.DEVICE:  # a group's: recorded, no device moved
+            if v.level is not Level.DEVICE:  # a group's: recorded
                 if (attributed := attribute(v, now)) is not None:
                     groups.append(attributed)
-                continue
+                if v.level is not Level.NODE:  # a rack's or a cohort's moves no device
+                    continue
+            # a device's steps on the ladder; a node's drains it as one unit
             steps += ladder.verdict(v, now=now)
-            touched.add(v.device_uuid)
+            touched.add(v.device_uuid if v.level is Level.DEVICE else v.scope or v.device_uuid)
         if held.clock.started:
             await publish(ladder, steps, touched, held.clock.now(time.monotonic()))
         await outputs.publish(groups)

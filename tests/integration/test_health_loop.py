@@ -36,6 +36,24 @@ faults:
 GREYS, DBE = ("node-00000-gpu2", "node-00000-gpu6"), "node-00002-gpu5"
 
 
+def _idle(worker: WorkerProcess, rows: str, *, last: int) -> bool:
+    """Whether the ``last`` accelerator samples matching ``rows`` (a WHERE clause) show the
+    devices idle."""
+    util = worker.sql(
+        "SELECT avg(gpu_util_ratio) FROM (SELECT gpu_util_ratio FROM "
+        f"fleetloop.accelerator_telemetry WHERE {rows} ORDER BY observed_at DESC LIMIT {last})"
+    )
+    return float(util[0][0]) < 0.01
+
+
+def _moved(worker: WorkerProcess, rows: str) -> list[list[str]]:
+    """The targets of isolation steps (not an alert, not a restore) matching ``rows``."""
+    return worker.sql(
+        "SELECT DISTINCT target FROM fleetloop.decisions WHERE controller = 'isolation' "
+        f"AND action NOT IN ('attribute', 'restore') AND {rows}"
+    )
+
+
 @pytest.fixture
 def health_loop(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
@@ -91,22 +109,13 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
 
     until(applied, what="the executors' results for both", proc=sim, timeout_s=60)
     # nothing else was even proposed: no false positives on the 37 healthy devices
-    others = worker.sql(
-        f"SELECT DISTINCT target FROM fleetloop.decisions WHERE {where} AND controller = "
-        f"'isolation' AND target NOT IN ('{grey}', '{held}', '{DBE}') AND action != 'restore'"
-    )
-    assert others == []
+    assert _moved(worker, f"{where} AND target NOT IN ('{grey}', '{held}', '{DBE}')") == []
 
     # and the fleet's telemetry shows it: the drained device stops serving
-    def idle() -> bool:
-        util = worker.sql(
-            "SELECT avg(gpu_util_ratio) FROM (SELECT gpu_util_ratio FROM "
-            f"fleetloop.accelerator_telemetry WHERE {where} AND device_uuid = '{grey}' "
-            "ORDER BY observed_at DESC LIMIT 5)"
-        )
-        return float(util[0][0]) < 0.01
-
-    until(idle, what="the drained device going idle", proc=sim, timeout_s=90)
+    until(
+        lambda: _idle(worker, f"{where} AND device_uuid = '{grey}'", last=5),
+        what="the drained device going idle", proc=sim, timeout_s=90,
+    )  # fmt: skip
 
     # the health metrics, and the guardrail as a person sees and resets it
     assert worker.metric("fleetloop_verdicts_total") > 0
@@ -127,3 +136,60 @@ def test_grey_failure_is_drained_and_a_double_bit_fault_quarantined(
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == status, (headers, refused.value.read())
+
+
+RUNAWAY = """
+name: runaway-e2e
+duration_s: 3600
+fleet: {nodes: 10, seed: 7}
+demand: {kind: synthetic, load_ratio: 0.7}
+faults:
+  - {kind: thermal_runaway, target: {node: 1}, start_s: 30, duration_s: 3000,
+     params: {resistance_factor: 2.0, inlet_rise_celsius: 12}}
+"""
+# node 1's cooling fails: its eight devices run hot together, from a cause of the node's
+# own, and the node is drained as one unit; node 1 shares its rack, so its neighbours,
+# cool, tell it from hot air on the rack
+
+
+@pytest.fixture
+def runaway_loop(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> Iterator[tuple[SimProcess, WorkerProcess]]:
+    yield from run_signed_scenario(kafka_bootstrap, topic_prefix, tmp_path, RUNAWAY, nodes=None)
+
+
+def test_a_node_whose_cooling_fails_is_drained_as_one_unit(
+    runaway_loop: tuple[SimProcess, WorkerProcess], topic_prefix: str
+) -> None:
+    sim, worker = runaway_loop
+    node, where = "node-00001", f"src_topic LIKE '{topic_prefix}%'"
+    # the node's verdict reaches the ladder (not only the alert): a drain, signed, issued
+    until(
+        lambda: "drain" in worker.issued(node, prefix=topic_prefix), what="the node drained",
+        proc=sim, timeout_s=180,
+    )  # fmt: skip
+    [[reason, message, command]] = worker.sql(
+        f"SELECT reason, message, toString(command_id) FROM fleetloop.decisions WHERE {where} "
+        f"AND target = '{node}' AND action = 'drain' AND outcome = 'issued' "
+        "ORDER BY decided_at LIMIT 1"
+    )
+    assert reason == "node_fault" and "drained as one unit" in message, message
+
+    def applied() -> bool:
+        rows = worker.sql(
+            f"SELECT status FROM fleetloop.command_results WHERE {where} "
+            f"AND toString(command_id) = '{command}'"
+        )
+        return any(r[0] == "applied" for r in rows)
+
+    until(applied, what="the executor's result for the drain", proc=sim, timeout_s=60)
+    # no device of another node was moved for it
+    besides = f"target != '{node}' AND NOT startsWith(target, '{node}-')"
+    assert _moved(worker, f"{where} AND {besides}") == []
+
+    # and the node's devices stop serving
+    until(
+        lambda: _idle(worker, f"{where} AND startsWith(device_uuid, '{node}-')", last=16),
+        what="the drained node going idle", proc=sim, timeout_s=90,
+    )  # fmt: skip
