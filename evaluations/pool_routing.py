@@ -226,18 +226,24 @@ def format_grid(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def report(only: str | None, *, seconds: float, as_json: bool) -> str:
+    """:func:`run_grid` as a command reports it: a line per variant printed as it runs
+    (text only), then the JSON or the summary. A pairing not in the grid: ValueError."""
+    progress = None if as_json else (lambda line: print(line, flush=True))
+    result = run_grid(only, seconds=seconds, progress=progress)
+    return json.dumps(result, sort_keys=True) if as_json else format_grid(result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluations.pool_routing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--seconds", type=float, default=480.0)
     parser.add_argument("--only", help="one pairing, as CAPPED/OTHER (A100/H100, ...)")
     args = parser.parse_args(argv)
-    progress = None if args.json else (lambda line: print(line, flush=True))
     try:
-        result = run_grid(args.only, seconds=args.seconds, progress=progress)
+        print(report(args.only, seconds=args.seconds, as_json=args.json))
     except ValueError as exc:
         parser.error(f"--only {exc}")
-    print(json.dumps(result, indent=1) if args.json else format_grid(result))
     return 0
 
 

@@ -149,13 +149,10 @@ def _eval_routing(args: argparse.Namespace) -> int:
     from evaluations import pool_routing
 
     only = None if args.routing == "all" else args.routing
-    progress = None if args.json else (lambda line: print(line, flush=True))
     try:
-        result = pool_routing.run_grid(only, seconds=args.seconds, progress=progress)
+        print(pool_routing.report(only, seconds=args.seconds, as_json=args.json))
     except ValueError as exc:
         raise SystemExit(f"eval control --routing {exc}") from None
-    text = pool_routing.format_grid(result)
-    print(json.dumps(result, sort_keys=True) if args.json else text)
     return 0
 
 
