@@ -21,7 +21,9 @@ and its devices (draw, cap, cap range, criticality):
   stay over its limit (a tripped breaker takes every device down), caps go
   on to the drivers' own floors (``floor_watts``), and what is left over the
   limit is the plan's ``short_watts``: load that must come off the rack (the
-  planner stops the pool's optional work);
+  planner stops the pool's optional work). Against the limit only what caps
+  take is counted: low clocks on a device its cap already slows may save
+  nothing, and an estimate's error is no reason to trip a breaker;
 - **move batch** when caps or low clocks have held ``move_after_periods``
   and the rack runs batch work (each device says how many of its watts are
   batch work's): caps act in milliseconds but slow everything the device
@@ -312,17 +314,22 @@ class PowerController:
             if new_cap < d.cap_watts - MIN_ACTION_WATTS:
                 left -= max(0.0, d.draw_watts - new_cap)
                 actions.append(PowerAction(d.uuid, PowerLever.CAP, round(new_cap, 1)))
+        clocked = 0.0  # what low clocks are counted on to take: an estimate, not a cap
         for d in order:
             if left < MIN_ACTION_WATTS:
                 break
             if not d.low_clock:
-                left -= self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
+                saving = self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
+                left -= saving
+                clocked += saving
                 actions.append(PowerAction(d.uuid, PowerLever.LOW_CLOCK))
         batch = sum(d.batch_watts for d in devices)
         # past policy's floors, clocks and the batch work there is to move, the rack would
         # stay over: a tripped breaker takes every device down, so caps go to the drivers'
-        # own floors before that (the draw over the limit, not the target, is what trips)
-        over_limit = left - (1.0 - self.config.target_ratio) * limit - batch
+        # own floors before that (the draw over the limit, not the target, is what trips).
+        # Against the limit only what caps take counts: a device its cap already slows may
+        # draw no less at low clocks, and a breaker is not tripped by an estimate's error
+        over_limit = left + clocked - (1.0 - self.config.target_ratio) * limit - batch
         for d in order:
             if over_limit <= 0:
                 break

@@ -438,6 +438,24 @@ def test_power_goes_to_the_drivers_floor_before_a_trip_and_says_what_is_left() -
     assert all(a.watts is None or a.watts >= 300.0 for a in fits.actions)
 
 
+def test_a_breaker_is_not_left_to_an_estimate_of_what_low_clocks_save() -> None:
+    # held-out control seed 83: a three-device rack (1,200 W of hosts) draws 2,140 W when
+    # its limit falls to 1,682 W. Caps at the drivers' floor (200 W) still draw 1,800 W;
+    # low clocks on devices those caps already slow were counted on for 126 W, so one cap
+    # stopped short of the floor, the plan said nothing was left over the limit, and the
+    # breaker tripped 5 s later. Against the limit only what caps take counts
+    devices = [
+        DevicePower(f"d{i}", 0, draw, 700.0, 280.0, 700.0, floor_watts=200.0)
+        for i, draw in enumerate((360.0, 300.0, 280.0))
+    ]
+    plan = PowerController(PowerConfig()).step(
+        now=at(0.0), draw_watts=2140, limit_watts=1682, devices=devices
+    )
+    caps = {a.device_uuid: a.watts for a in plan.actions if a.lever is PowerLever.CAP}
+    assert caps == {"d0": 200.0, "d1": 200.0, "d2": 200.0}
+    assert plan.short_watts == pytest.approx(2140 - 3 * 80 - 100 - 1682, abs=1.0)  # 118 W
+
+
 def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
     shed = LoadShedder(ShedConfig())
     assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.3) is Admission.DEGRADE
