@@ -22,8 +22,10 @@ and its devices (draw, cap, cap range, criticality):
   on to the drivers' own floors (``floor_watts``), and what is left over the
   limit is the plan's ``short_watts``: load that must come off the rack (the
   planner stops the pool's optional work). Against the limit only what caps
-  take is counted: low clocks on a device its cap already slows may save
-  nothing, and an estimate's error is no reason to trip a breaker;
+  take is counted, and a cap takes only what it puts under a device's draw:
+  low clocks on a device its cap already slows may save nothing, batch work
+  may have nowhere to go, and an estimate's error is no reason to trip a
+  breaker;
 - **move batch** when caps or low clocks have held ``move_after_periods``
   and the rack runs batch work (each device says how many of its watts are
   batch work's): caps act in milliseconds but slow everything the device
@@ -328,14 +330,18 @@ class PowerController:
         # stay over: a tripped breaker takes every device down, so caps go to the drivers'
         # own floors before that (the draw over the limit, not the target, is what trips).
         # Against the limit only what caps take counts: a device its cap already slows may
-        # draw no less at low clocks, and a breaker is not tripped by an estimate's error
-        over_limit = left + clocked - (1.0 - self.config.target_ratio) * limit - batch
+        # draw no less at low clocks, batch work may have nowhere to go (or be less than its
+        # share of the requests says), and a breaker is not tripped by an estimate's error
+        over_limit = left + clocked - (1.0 - self.config.target_ratio) * limit
         for d in order:
             if over_limit <= 0:
                 break
             if d.floor_watts is not None and d.floor_watts < d.min_cap_watts - MIN_ACTION_WATTS:
-                deeper = max(d.floor_watts, min(d.cap_watts, d.min_cap_watts) - over_limit)
-                saved = min(d.cap_watts, d.min_cap_watts, d.draw_watts) - deeper
+                # a cap saves only what it takes off the draw: one drawing under its cap (low
+                # clocks, light load) must go under what it draws
+                base = min(d.cap_watts, d.min_cap_watts, d.draw_watts)
+                deeper = max(d.floor_watts, base - over_limit)
+                saved = base - deeper
                 if saved > MIN_ACTION_WATTS:
                     over_limit -= saved
                     left -= saved

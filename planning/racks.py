@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from controllers.power import (
+    MIN_ACTION_WATTS,
     DevicePower,
     PowerController,
     PowerLever,
@@ -43,6 +44,7 @@ class _Rack:
     latest: dict[PduPhase, PduReading] = field(default_factory=dict)  # each phase's last
     closed_early: int = -1  # the period a reading over the target closed before its end
     closed_limit: float = float("inf")  # the breaker limit that early close acted on
+    closed_draw: float = float("inf")  # the draw it acted on
     batch_moved: dict[str, str] = field(default_factory=dict)  # pool -> the pool taking it
 
 
@@ -265,13 +267,17 @@ class RackPlanner(ThrottleIssuer):
             draw, limit = _summed(rack.latest)
             over = draw is not None and draw > self.wiring.power.target_ratio * limit
             # news to the rack's controller: the first reading over the target in its
-            # period, or one over a lower limit than the period's early close acted on (a
+            # period; one over a lower limit than the period's early close acted on (a
             # second feed lost: its trip clock may be shorter than what is left of the
-            # period); a draw still over after a close is the caps in flight, judged at the
-            # period's end
-            if over and (rack.closed_early != period or limit < rack.closed_limit):
+            # period); or one over the limit itself that draws more than the close acted on
+            # (the load rose past what it planned for, and the breaker's clock, shorter than
+            # the period, has started). A draw still over after a close, and no higher, is
+            # the caps in flight, judged at the period's end
+            risen = draw is not None and draw > limit and draw > rack.closed_draw + MIN_ACTION_WATTS
+            if over and (rack.closed_early != period or limit < rack.closed_limit or risen):
                 # the breaker's clock is running: act on this reading, not at the period's end
                 rack.closed_early, rack.closed_limit = period, limit
+                rack.closed_draw = draw if draw is not None else float("inf")
                 out += self._close_rack(reading.rack_id, rack, rack.latest, reading.observed_at)
         return out
 

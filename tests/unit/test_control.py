@@ -456,6 +456,29 @@ def test_a_breaker_is_not_left_to_an_estimate_of_what_low_clocks_save() -> None:
     assert plan.short_watts == pytest.approx(2140 - 3 * 80 - 100 - 1682, abs=1.0)  # 118 W
 
 
+def test_a_cap_against_the_limit_goes_under_what_the_device_draws() -> None:
+    # held-out control seed 130: a two-device rack at low clocks, its devices drawing 256 W
+    # and 217 W under caps of 280 W and 245 W, reads 1,673 W against a limit of 1,667 W
+    # after a rise of 37 W. A cap set from the cap (not the draw) saved nothing, and batch
+    # work the requests' share said was there (none was) was counted against the limit:
+    # the plan asked for no cap, and the breaker tripped. Now the cap goes under the draw
+    devices = [
+        DevicePower("d0", 8, 256.0, 280.0, 280.0, 700.0, low_clock=True, batch_watts=20.0,
+                    floor_watts=200.0),
+        DevicePower("d1", 8, 217.0, 245.3, 280.0, 700.0, low_clock=True, batch_watts=18.0,
+                    floor_watts=200.0),
+    ]  # fmt: skip
+    ctl = PowerController(PowerConfig())
+    ctl.step(now=at(0.0), draw_watts=1636, limit_watts=1667, devices=devices)
+    plan = ctl.step(now=at(1.0), draw_watts=1673, limit_watts=1667, devices=devices)
+    caps = {a.device_uuid: a.watts for a in plan.actions if a.lever is PowerLever.CAP}
+    draws = {d.uuid: d.draw_watts for d in devices}
+    saved = sum(draws[u] - w for u, w in caps.items() if w is not None)
+    assert caps and all(w is not None and w < draws[u] for u, w in caps.items())
+    # what caps take, and what is reported short, cover the draw and its rise past the limit
+    assert saved + plan.short_watts >= 1673 + 37 - 1667 - 1.0
+
+
 def test_shedder_degrades_before_dropping_lowest_value_first() -> None:
     shed = LoadShedder(ShedConfig())
     assert shed.admit(WorkClass.OPTIONAL, queue_delay_s=0.3) is Admission.DEGRADE

@@ -305,6 +305,23 @@ def _pinned_rack(
     ))  # fmt: skip
 
 
+def test_a_reading_over_the_limit_above_the_early_close_closes_again() -> None:
+    # held-out control seed 130: a reading over the target closed the rack's period early;
+    # the load kept rising, and the next reading drew over the breaker limit itself. The
+    # rest of the period was left to the caps in flight, and the breaker (5 s) tripped
+    # before the period (10 s) ended. A reading over the limit that draws more than the
+    # close acted on is acted on at once
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    for k in range(11):  # a period within the limit: the devices are known
+        _pinned_rack(planner, k, 900.0, cap_w=400.0)
+    first = _pinned_rack(planner, 11, 950.0, cap_w=400.0)  # over the target (920 W)
+    assert [o for o in first if o.decision.controller == "power"]
+    same = _pinned_rack(planner, 12, 950.0, cap_w=400.0)  # no higher: the caps in flight
+    assert not [o for o in same if o.decision.controller == "power"]
+    risen = _pinned_rack(planner, 13, 1050.0, cap_w=400.0)  # over the limit, and higher
+    assert [o for o in risen if o.decision.controller == "power" and o.command is not None]
+
+
 def test_a_rack_over_its_breaker_with_every_cap_at_its_floor_sheds_at_every_reading() -> None:
     # four devices pinned at their floor caps, the rack 10% over its breaker: the draw says
     # a 10% cut, but a pinned device draws no less until its work is under the floor's knee.
