@@ -316,14 +316,12 @@ class PowerController:
             if new_cap < d.cap_watts - MIN_ACTION_WATTS:
                 left -= max(0.0, d.draw_watts - new_cap)
                 actions.append(PowerAction(d.uuid, PowerLever.CAP, round(new_cap, 1)))
-        clocked = 0.0  # what low clocks are counted on to take: an estimate, not a cap
+        after_caps = left  # low clocks' saving below is an estimate, not a cap's
         for d in order:
             if left < MIN_ACTION_WATTS:
                 break
             if not d.low_clock:
-                saving = self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
-                left -= saving
-                clocked += saving
+                left -= self.config.low_clock_saving_ratio * min(d.draw_watts, d.min_cap_watts)
                 actions.append(PowerAction(d.uuid, PowerLever.LOW_CLOCK))
         batch = sum(d.batch_watts for d in devices)
         # past policy's floors, clocks and the batch work there is to move, the rack would
@@ -332,7 +330,7 @@ class PowerController:
         # Against the limit only what caps take counts: a device its cap already slows may
         # draw no less at low clocks, batch work may have nowhere to go (or be less than its
         # share of the requests says), and a breaker is not tripped by an estimate's error
-        over_limit = left + clocked - (1.0 - self.config.target_ratio) * limit
+        over_limit = after_caps - (1.0 - self.config.target_ratio) * limit
         for d in order:
             if over_limit <= 0:
                 break
