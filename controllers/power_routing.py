@@ -34,17 +34,19 @@ when the whole step is over ``tolerance`` and the damped one over half of it
 replica's rise is taken as a fall is, at ``gain`` and whenever the whole step
 is over ``tolerance``: what it could carry and does not is then the queue's
 growth, and a damped rise under half the tolerance, never sent, would leave it
-a few percent short for good. Weights fall at once (a held replica breaches
-now), rise at most ``max_rise_ratio`` a period (a lower weight may be what
-keeps its rack under its limit), never
-while its cap is at the driver's floor, and never go under ``min_weight``. A
-replica on a rack the power side leaves over its limit with every lever spent
-sheds the share of its pool's draw there that the rack is over, at once (the
-planner sheds at the plan, and again at each reading that still finds the rack
-over its breaker: a breaker trips in seconds); once its replicas there are at
-``min_weight`` and the rack is still over, their pool's share of the model
-among the region's pools goes (:meth:`PowerRouter.shed_pool`). A replica no
-cap holds any more goes back to weight 1 as fast as the rise limit allows.
+a few percent short for good. TPOTs are not the measure when the pool is short of slots
+rather than speed (crowded, and the free replicas at their batch cap, within
+``tolerance``, at a TPOT under the target): a held replica then takes what its own batch
+cap holds within the target TPOT, however level the TPOTs read. Weights fall at once (a
+held replica breaches now), rise at most ``max_rise_ratio`` a period (a lower weight may
+be what keeps its rack under its limit), never while its cap is at the driver's floor,
+and never go under ``min_weight``. A replica on a rack the power side leaves over its
+limit with every lever spent sheds the share of its pool's draw there that the rack is
+over, at once (the planner sheds at the plan, and again at each reading that still finds
+the rack over its breaker: a breaker trips in seconds); once its replicas there are at
+``min_weight`` and the rack is still over, their pool's share of the model among the
+region's pools goes (:meth:`PowerRouter.shed_pool`). A replica no cap holds any more
+goes back to weight 1 as fast as the rise limit allows.
 
 Example::
 
@@ -178,23 +180,29 @@ class PowerRouter:
         *,
         doubling_batch: float,
         crowded: bool = False,
+        target_tpot_s: float = math.inf,
     ) -> list[ReplicaWeight]:
         """One period of a pool: the weight changes to send. A replica's peers are the
         pool's replicas of the same model. ``crowded``: the pool's mandatory work waits
         with no optional work left to give up (a held replica's unused share is then the
-        queue's growth: it rises at ``gain``, as it falls)."""
+        queue's growth: it rises at ``gain``, as it falls). ``target_tpot_s``: the latency
+        setpoint within which a held replica fills its batch when the pool is short of slots
+        (none: it never does)."""
         if not self.config.enabled:
             return []
         models: dict[str, list[ReplicaServing]] = {}
         for r in replicas:
             models.setdefault(r.model, []).append(r)
         return [
-            w for group in models.values() for w in self._step(pool, group, doubling_batch, crowded)
+            w
+            for group in models.values()
+            for w in self._step(pool, group, doubling_batch, crowded, target_tpot_s)
         ]
 
     def _step(
-        self, pool: str, replicas: list[ReplicaServing], doubling_batch: float, crowded: bool
-    ) -> list[ReplicaWeight]:
+        self, pool: str, replicas: list[ReplicaServing], doubling_batch: float, crowded: bool,
+        target_tpot_s: float = math.inf,
+    ) -> list[ReplicaWeight]:  # fmt: skip
         c = self.config
         known = [r for r in replicas if r.known and r.batch > 0]
         factors = _equalising_factors(known, doubling_batch)
@@ -205,6 +213,14 @@ class PowerRouter:
             reference = max(factors.values(), default=1.0)
         peers = free or known
         peer_tpot = sum(r.tpot_s for r in peers) / len(peers) if peers else 0.0
+        # the free replicas run full batches (their cap, within the tolerance) at a TPOT
+        # under the target: what the pool cannot take is slots, not speed
+        slot_bound = (
+            bool(free)
+            and math.isfinite(target_tpot_s)
+            and peer_tpot < target_tpot_s
+            and all(r.batch >= (1.0 - c.tolerance) * r.batch_cap for r in free)
+        )
         out = []
         for r in replicas:
             now = self.weight(pool, r.device_uuid)
@@ -215,6 +231,11 @@ class PowerRouter:
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
             # (no reference: the free replicas could take nothing more)
             ratio = 1.0 if level or factor is None or reference <= 0 else factor / reference
+            if crowded and r.held and r.known and r.batch > 0 and slot_bound:
+                # the queue waits on its peers' full batches, not on their TPOT (under the
+                # target): it takes what its own batch cap holds within the target, however
+                # level the TPOTs read
+                ratio = max(ratio, _filling_factor(r, doubling_batch, target_tpot_s))
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
                 desired, new = 1.0, min(1.0, now * c.max_rise_ratio)
                 send = new > now
@@ -420,6 +441,16 @@ def _intensity_at(replica: ReplicaServing, tpot_s: float, doubling_batch: float)
     at_tpot = max(0.0, d * (1.0 / tau - 1.0 / tpot_s))
     at_cap = replica.batch_cap / (tau * (1.0 + replica.batch_cap / d))
     return min(at_tpot, at_cap)
+
+
+def _filling_factor(replica: ReplicaServing, doubling_batch: float, target_s: float) -> float:
+    """The factor on a replica's request intensity that fills its batch to its cap, or to
+    the batch at which its TPOT reaches ``target_s`` if that comes first."""
+    tau, d = replica.unit_tpot_s, doubling_batch
+    batch = min(replica.batch_cap, d * (target_s / tau - 1.0))
+    if batch <= 0:
+        return 0.0
+    return (batch / (tau * (1.0 + batch / d))) / (replica.batch / replica.tpot_s)
 
 
 def _equalising_factors(replicas: list[ReplicaServing], doubling_batch: float) -> dict[str, float]:

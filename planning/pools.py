@@ -600,13 +600,15 @@ class ControlPlanner(ThrottleIssuer):
                 seen[u] = ReplicaServing(u, rack_id, 0.0, 0.0, 0.0, held=self.power.holds(u))
         k = self.wiring.tpot_doubling_batch
         serving = self.last_serving[name] = list(seen.values())
-        changes = self.routing.step(name, serving, doubling_batch=k, crowded=crowded)
+        target_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
+        changes = self.routing.step(
+            name, serving, doubling_batch=k, crowded=crowded, target_tpot_s=target_s
+        )
         # the other pools' replicas matter only to a model every cap holds here
         region = self.regions.get(name)
         others = [r for pool, rs in self.last_serving.items()
                   if pool != name and self.regions.get(pool) == region for r in rs
                   ] if any(r.held for r in serving) else []  # fmt: skip
-        target_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
         moves = self.routing.step_pools(name, serving, others, doubling_batch=k,
                                         target_tpot_s=target_s, crowded=crowded)  # fmt: skip
         return [self._weight_output(at, name, w) for w in changes] + [

@@ -322,3 +322,42 @@ def test_a_held_pool_within_its_setpoint_or_with_a_free_replica_keeps_its_share(
 def test_settings_out_of_range_are_refused_with_what_is_wrong(given: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(given))):
         PowerRoutingConfig(**given)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("crowded", [False, True])
+def test_a_held_replica_fills_its_batch_when_the_queue_waits_on_its_peers_full_ones(
+    crowded: bool,
+) -> None:
+    """Fresh control seed 125: a feed loss caps a rack's devices, the pool's free replicas
+    run at their batch cap with baseline work queued behind them, and a capped replica
+    runs 134 sequences where its cap is 256, its TPOT within 6% of its peers'. Level
+    TPOTs leave its slots empty while the queue grows (37 periods out of the SLO). When
+    the pool is crowded it takes what its batch cap holds within the TPOT target; when
+    it is not, TPOTs are the measure, as before."""
+    cap, tau_held = 128.0, TAU_S / 0.8
+    target_s = 3.0 * TAU_S
+    peers_tpot = TAU_S * (1.0 + cap / DOUBLING)  # the free replicas: full batches
+    router = PowerRouter(PowerRoutingConfig())
+    router.weights[("pool", "gpu-0")] = weight = 0.6
+    base_intensity = 1.3 * cap / peers_tpot  # what weight 1 would send it (sequences / s)
+    batches = []
+    for _ in range(12):
+        a = base_intensity * weight * 0.8  # a router's share: weight times the clock it sees
+        tpot = tau_held / max(1e-6, 1.0 - a * tau_held / DOUBLING)
+        batch = min(cap, a * tpot)
+        tpot = tau_held * (1.0 + batch / DOUBLING)
+        batches.append(batch)
+        period = [
+            ReplicaServing("gpu-0", "rack-0", tau_held, batch, tpot, held=True, batch_cap=cap),
+            *(ReplicaServing(f"gpu-{i}", "rack-1", TAU_S, cap, peers_tpot, batch_cap=cap)
+              for i in range(1, 8)),
+        ]  # fmt: skip
+        for w in router.step("pool", period, doubling_batch=DOUBLING, crowded=crowded,
+                             target_tpot_s=target_s):  # fmt: skip
+            weight = w.weight
+    assert abs(tau_held * (1 + batches[0] / DOUBLING) / peers_tpot - 1) < 0.08  # level-ish
+    if crowded:
+        assert batches[-1] >= 0.9 * cap, batches
+        assert batches[-1] == batches[-2] == batches[-3], batches  # and it stays
+    else:
+        assert batches[-1] == batches[0], batches
