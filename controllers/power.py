@@ -35,10 +35,11 @@ and its devices (draw, cap, cap range, criticality):
 - **lift** after ``hold_periods`` calm periods: undo in reverse (clocks back
   first, then caps, most critical first). A lift is sized for the busiest draw
   ``B`` of the last ``lift_window_s`` (an oscillation's trough is not
-  headroom) and the guard ``G``: it gives back the room
-  ``R = target - B - G``, less what an earlier lift gave and the draw does not
-  show yet. The rise a lift causes in the next two periods is
-  known for ours and kept out of the guard (a trend of the load it is not). A
+  headroom; while baseline work waits on a pool the rack serves, ``waiting``,
+  the draw now: that peak was drawn by the work now waiting) and the guard
+  ``G``: it gives back the room ``R = target - B - G``, less what an earlier
+  lift gave and the draw does not show yet. The rise a lift causes in the next
+  two periods is known for ours and kept out of the guard (a trend of the load it is not). A
   period is calm when the projection is under ``release_ratio`` of the limit,
   or when ``R`` covers twice the smallest lift worth an action (a rack held at
   its old target after its feed is repaired must not wait for load to fall).
@@ -218,6 +219,7 @@ class PowerController:
         draw_watts: float | None,
         limit_watts: float,
         devices: Sequence[DevicePower],
+        waiting: bool = False,
     ) -> PowerPlan:
         c = self.config
         if draw_watts is None or not math.isfinite(draw_watts) or not limit_watts > 0:
@@ -268,8 +270,11 @@ class PowerController:
                              move_batch_watts=batch, projected_watts=projected)  # fmt: skip
         # the busiest draw of the lift window, and the same guard the projection adds (the
         # largest rise of the last rise_window periods: a step long past is no trend);
-        # what an earlier lift gave back and the draw does not show yet is spoken for
-        busiest = max(w for at, w, _ in self.history if at >= lift_since)
+        # what an earlier lift gave back and the draw does not show yet is spoken for. While
+        # baseline work waits on a pool the rack serves, the draw now: the window's peak was
+        # drawn by work that now waits behind the caps (a slowdown's queue surging through
+        # as it ends), and holding them for the window is the wait's growth
+        busiest = draw_watts if waiting else max(w for at, w, _ in self.history if at >= lift_since)
         guard = max(r for _, _, r in recent)
         room = target - busiest - guard - self.pending_watts
         if projected < c.release_ratio * limit_watts or self._lift_fits(room, devices):
@@ -281,7 +286,7 @@ class PowerController:
                                  f"{room:.0f} W of room: {back:.0f} W of batch work back",
                                  return_batch_watts=back, projected_watts=projected)  # fmt: skip
             if self.calm >= c.hold_periods:
-                return self._lift(room, projected, devices)
+                return self._lift(room, projected, devices, waiting=waiting)
         else:
             self.calm = 0
         return PowerPlan((), PowerReason.HOLD, f"{projected:.0f} W of {limit_watts:.0f} W",
@@ -364,7 +369,9 @@ class PowerController:
         """A rise of up to ``watts`` in the next two periods is ours, not the load's."""
         self.pending_watts, self.pending_periods = self.pending_watts + max(0.0, watts), 2
 
-    def _lift(self, room: float, projected: float, devices: Sequence[DevicePower]) -> PowerPlan:
+    def _lift(
+        self, room: float, projected: float, devices: Sequence[DevicePower], *, waiting: bool
+    ) -> PowerPlan:
         actions: list[PowerAction] = []
         start = room
         order = sorted(devices, key=lambda d: (-d.criticality, -d.draw_watts))
@@ -388,6 +395,7 @@ class PowerController:
             return PowerPlan((), PowerReason.HOLD, f"headroom, {why}",
                              projected_watts=projected)  # fmt: skip
         self._expect(start - max(room, 0.0))
+        sized = ", sized for the draw now: baseline work waits" if waiting else ""
         return PowerPlan(tuple(actions), PowerReason.HEADROOM,
-                         f"projected {projected:.0f} W: {len(actions)} device(s) lifted",
+                         f"projected {projected:.0f} W: {len(actions)} device(s) lifted{sized}",
                          projected_watts=projected)  # fmt: skip

@@ -184,7 +184,10 @@ class ControlPlanner(ThrottleIssuer):
         super().__init__(wiring, new_id=new_id)
         self.pools: dict[str, _Pool] = {}
         self.global_budget = budget if budget is not None else fleet_budget(wiring)
-        self.power = RackPlanner(wiring, new_id=new_id, rooms=self._rooms)
+        self.crowded: set[str] = set()  # pools whose last close found them crowded
+        self.power = RackPlanner(
+            wiring, new_id=new_id, rooms=self._rooms, crowded=lambda: self.crowded
+        )
         self.routing = PowerRouter(wiring.power_routing)
         # each pool's replicas at its last close: where a pool every cap holds may send its
         # share of a model (the region's router spreads a model over all its pools)
@@ -396,6 +399,10 @@ class ControlPlanner(ThrottleIssuer):
             ))  # fmt: skip
         # mandatory work waits with no optional work left to give up: capacity is the SLO
         crowded = waiting and before == 0.0 and d.applied == 0.0
+        if crowded:
+            self.crowded.add(name)
+        else:
+            self.crowded.discard(name)
         out += self._admit_more(name, at)
         return out + self._route_replicas(name, at, replicas, crowded=crowded)
 

@@ -77,17 +77,21 @@ class _Device:
 class RackPlanner(ThrottleIssuer):
     """Each rack's power controller on its PDU readings and devices: caps, clocks and
     batch moves, as decisions and commands. ``rooms`` says each pool's headroom, in replicas' worth,
-    at its last close (where batch work may go)."""
+    at its last close (where batch work may go); ``crowded``, the pools whose last close
+    found baseline work waiting with no optional work left to give up (a rack serving one
+    sizes its lifts for its draw now, not its lift window's peak)."""
 
     def __init__(
         self,
         wiring: ControlWiring,
         *,
         rooms: Callable[[], dict[str, float]],
+        crowded: Callable[[], set[str]] = set,
         new_id: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
         super().__init__(wiring, new_id=new_id)
         self.rooms = rooms
+        self.crowded = crowded
         self.racks: dict[str, _Rack] = {}
         self.devices: dict[str, _Device] = {}
         # rack -> its devices, in the order first seen (a rack's close reads its own)
@@ -288,8 +292,10 @@ class RackPlanner(ThrottleIssuer):
         wiring = self.wiring
         draw, limit = _summed(phases)
         members = {u: self.devices[u] for u in self.rack_devices.get(rack_id, ())}
+        crowded = self.crowded()
         plan = rack.power.step(
             now=end, draw_watts=draw, limit_watts=limit,
+            waiting=any(d.pool in crowded for d in members.values()),
             devices=[
                 DevicePower(u, round(10 * d.baseline_share), d.draw_watts, d.cap_watts,
                             *d.cap_range(wiring.min_cap_ratio), d.low_clock,

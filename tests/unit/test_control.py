@@ -28,6 +28,7 @@ from controllers.power import (
     PowerConfig,
     PowerController,
     PowerLever,
+    PowerPlan,
     PowerReason,
 )
 from controllers.shedding import (
@@ -629,6 +630,33 @@ def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
         draw = 5150 + 150 * math.sin(2 * math.pi * k / 30)
         plan = wave.step(now=at(float(k)), draw_watts=draw, limit_watts=5780, devices=capped)
         assert plan.reason is not PowerReason.HEADROOM
+
+
+def test_a_surge_peak_holds_caps_a_lift_window_unless_baseline_work_waits() -> None:
+    """Fresh control seed 99: as a slowdown ends, the queued work surges through and the
+    rack sheds at its peak; the caps then hold its draw 9% under the target, and the lift,
+    sized for the lift window's busiest draw, waits out the window (300 s) while baseline
+    work waits behind the capped devices. With baseline work waiting the lift is sized for
+    the draw now: the peak was drawn by the work that now waits."""
+    limit = 5000.0
+    capped = _rack(380, caps=300)
+
+    def after_surge(waiting: bool) -> list[PowerPlan]:
+        ctl = PowerController(PowerConfig())
+        ctl.step(now=at(0.0), draw_watts=4700, limit_watts=limit, devices=_rack(580))
+        return [
+            ctl.step(now=at(1.0 + k), draw_watts=4200, limit_watts=limit, devices=capped,
+                     waiting=waiting)
+            for k in range(60)
+        ]  # fmt: skip
+
+    held = after_surge(waiting=False)
+    assert all(p.reason is not PowerReason.HEADROOM for p in held)
+    lifted = after_surge(waiting=True)
+    first = next(k for k, p in enumerate(lifted) if p.reason is PowerReason.HEADROOM)
+    assert first <= PowerConfig().hold_periods
+    given = sum(a.watts - 300 for a in lifted[first].actions if a.watts is not None)
+    assert 0 < given <= PowerConfig().target_ratio * limit - 4200 + 1
 
 
 def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() -> None:
