@@ -39,8 +39,8 @@ and its devices (draw, cap, cap range, criticality):
   the draw now: that peak was drawn by the work now waiting) and the guard
   ``G``: it gives back the room ``R = target - B - G``, less what an earlier
   lift gave and the draw does not show yet. The rise a lift causes in the next
-  two periods is known for ours and kept out of the guard (a trend of the load it is not). A
-  period is calm when the projection is under ``release_ratio`` of the limit,
+  two periods is known for ours and kept out of the guard (a trend of the load
+  it is not). A period is calm when the projection is under ``release_ratio`` of the limit,
   or when ``R`` covers twice the smallest lift worth an action (a rack held at
   its old target after its feed is repaired must not wait for load to fall).
 

@@ -231,11 +231,12 @@ class PowerRouter:
             level = factor is None or abs(math.log(r.tpot_s / peer_tpot)) <= math.log1p(c.tolerance)
             # (no reference: the free replicas could take nothing more)
             ratio = 1.0 if level or factor is None or reference <= 0 else factor / reference
-            if crowded and r.held and r.known and r.batch > 0 and slot_bound:
+            if crowded and slot_bound and r.held and factor is not None:
                 # the queue waits on its peers' full batches, not on their TPOT (under the
                 # target): it takes what its own batch cap holds within the target, however
                 # level the TPOTs read
-                ratio = max(ratio, _filling_factor(r, doubling_batch, target_tpot_s))
+                fill = _intensity_at(r, target_tpot_s, doubling_batch) / (r.batch / r.tpot_s)
+                ratio = max(ratio, fill)
             if not r.held:  # as fast as its peers again: back as fast as the rise limit allows
                 desired, new = 1.0, min(1.0, now * c.max_rise_ratio)
                 send = new > now
@@ -441,16 +442,6 @@ def _intensity_at(replica: ReplicaServing, tpot_s: float, doubling_batch: float)
     at_tpot = max(0.0, d * (1.0 / tau - 1.0 / tpot_s))
     at_cap = replica.batch_cap / (tau * (1.0 + replica.batch_cap / d))
     return min(at_tpot, at_cap)
-
-
-def _filling_factor(replica: ReplicaServing, doubling_batch: float, target_s: float) -> float:
-    """The factor on a replica's request intensity that fills its batch to its cap, or to
-    the batch at which its TPOT reaches ``target_s`` if that comes first."""
-    tau, d = replica.unit_tpot_s, doubling_batch
-    batch = min(replica.batch_cap, d * (target_s / tau - 1.0))
-    if batch <= 0:
-        return 0.0
-    return (batch / (tau * (1.0 + batch / d))) / (replica.batch / replica.tpot_s)
 
 
 def _equalising_factors(replicas: list[ReplicaServing], doubling_batch: float) -> dict[str, float]:
