@@ -502,17 +502,25 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
     budget was never cut and the SLO held throughout, or the cap was already under what
     the slowed speed allows; None: never, though it was needed),
     and how many periods the baseline stayed out of its SLO after the slowdown ended, ours
-    and the oracle's (whose backlog drains too)."""
+    and the oracle's (whose backlog drains too).
+
+    Slowdowns that overlap are one slowdown while they do: the plant runs at the strongest
+    one on. One that begins inside a stronger one slows nothing as it begins (nothing to
+    cut for it), and a slowdown has ended only when no other is still on (the breach after
+    it is counted from there, not from the end of one while another still slows the pool)."""
     period = max(1.0, scn.period_s)
     p = scn.pool
     out: dict[str, Any] = {}
+    slowdowns = [e for e in scn.events if e.kind == "slowdown"]
     # each batch cap at the time it was decided, as the budgets are: the planner decides at a
     # period's close (the first event of the next) what runs through the next period
     decided = [(t - period, cap) for t, _, _, cap in tally.record]
-    for e in scn.events:
-        if e.kind != "slowdown":
-            continue
+    for e in slowdowns:
         start, end = e.at_s, e.at_s + max(e.duration_s, 1.0)
+        others = [x for x in slowdowns if x is not e]
+        slows = e.ratio > max((x.ratio for x in others if x.active(start)), default=1.0)
+        while over := [x for x in others if x.active(end)]:  # another still slows the pool
+            end = max(x.at_s + max(x.duration_s, 1.0) for x in over)
         before = [b for t, b in tally.budgets if t <= start]
         during = [(t, b) for t, b in tally.budgets if start < t <= end + period]
         cut = next((k + 1 for k, (_, b) in enumerate(during) if before and b < before[-1]), None)
@@ -529,6 +537,8 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
         unit_s = p.tpot_base_s * ratio * (1 + p.spread_ratio)
         if caps and caps[-1] <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
             batch = 0
+        if not slows:  # it began inside a stronger one: nothing slowed more, nothing to cut
+            cut = batch = 0
         after = [r for r in tally.record if r[0] > end]
         ours = next((k for k, r in enumerate(after) if r[1]), len(after))
         oracle = next((k for k, r in enumerate(after) if r[2]), len(after))

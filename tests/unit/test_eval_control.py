@@ -212,6 +212,34 @@ def test_the_oracle_owes_what_it_deferred_before_it_counts_room_for_optional_wor
     assert sum(room) == pytest.approx(60 * 0.05 - 1.0 - 0.5)
 
 
+def test_slowdowns_that_overlap_are_scored_as_the_one_slowdown_the_pool_runs_at() -> None:
+    """A 40% slowdown from 100 s to 400 s, and a 20% one from 200 s to 500 s: the second
+    slows nothing as it begins (the pool already runs at the first), so there is nothing
+    to cut for it, and the pool is slowed until 500 s, not 400 s."""
+    from evaluations.control import Tally, _slowdown_response
+    from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
+
+    scn = ControlScenario(
+        name="x", duration_s=1000, baseline=[Segment(at_s=0, level=0.3)],
+        events=[ControlEvent(at_s=100, kind="slowdown", duration_s=300, ratio=1.4),
+                ControlEvent(at_s=200, kind="slowdown", duration_s=300, ratio=1.2)],
+    )  # fmt: skip
+    # optional work cut at the first close after the first began, and held there; the
+    # baseline out of its SLO until 520 s (the oracle's until 510 s)
+    tally = Tally(
+        budgets=[(float(t), 0.3 if t < 110 else 0.1) for t in range(10, 1001, 10)],
+        record=[(float(t), not 100 < t <= 520, not 100 < t <= 510, 256)
+                for t in range(10, 1001, 10)],
+    )  # fmt: skip
+    out = _slowdown_response(scn, tally)
+    # the second's cut is no "never": it needed none (before, never cut for it at all)
+    assert out["slowdown_budget_cut_periods"] == 1
+    # out of the SLO for two periods after the pool's slowdown ended at 500 s (counted from
+    # 400 s, while the second still slowed it, it read 12), the oracle for one
+    assert out["breach_after_slowdown_periods"] == 2
+    assert out["breach_after_slowdown_periods_oracle"] == 1
+
+
 def test_a_step_taken_inside_an_event_is_not_scored_as_a_step_response() -> None:
     from evaluations.control import Tally, _step_response
     from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
