@@ -6,7 +6,11 @@ and its devices (draw, cap, cap range, criticality):
 - **guard**: the largest rise of the draw in one period over the last
   ``rise_window`` periods; the draw plus that guard is what the next period
   may bring (a step of load shows in it before the breaker does);
-- **shed** when the draw plus guard exceeds ``target_ratio`` of the limit (at
+- **shed** when the draw plus guard exceeds the target, ``target_ratio`` of the
+  limit (while baseline work waits on a pool the rack serves, ``waiting``,
+  ``waiting_target_ratio``: half the margin goes to the work that waits, and
+  stays spent until the draw falls under ``target_ratio`` by itself, so the
+  shed that taking it back would be does not queue the work again) (at
   once when the draw itself does; otherwise on the second rise in a row while
   it does, so one rise, noisy or a step that has come and stopped, is not
   taken for a trend: a draw that does go over is caught by the reading that
@@ -138,6 +142,9 @@ class PowerPlan:
 @dataclass(frozen=True, slots=True)
 class PowerConfig:
     target_ratio: float = 0.92
+    # while baseline work waits on a pool the rack serves: half the margin under the limit
+    # is spent on it (the other half is what a step within a reading may bring)
+    waiting_target_ratio: float = 0.96
     release_ratio: float = 0.8
     hold_periods: int = 3
     rise_window: int = 10
@@ -149,8 +156,8 @@ class PowerConfig:
     move_after_periods: int = 3  # caps held this long on a rack with batch work: move it
 
     def __post_init__(self) -> None:
-        if not 0 < self.release_ratio < self.target_ratio <= 1:
-            raise ValueError("0 < release_ratio < target_ratio <= 1")
+        if not 0 < self.release_ratio < self.target_ratio <= self.waiting_target_ratio <= 1:
+            raise ValueError("0 < release_ratio < target_ratio <= waiting_target_ratio <= 1")
 
 
 class PowerController:
@@ -169,6 +176,7 @@ class PowerController:
         self.batch_off_watts = 0.0  # batch work moved off the rack, as it drew then
         self.pending_watts = 0.0  # given back by a lift and not yet seen in the draw
         self.pending_periods = 0
+        self.raised = False  # the target is waiting_target_ratio's (baseline work waited)
 
     def remember(self) -> dict[str, Any]:
         """Its state as JSON-able values (the draws of the lift window that can still matter,
@@ -190,7 +198,7 @@ class PowerController:
             "history": [[at.isoformat(), draw, rise] for at, draw, rise in kept],
             "calm": self.calm, "warned": self.warned, "held": self.held,
             "batch_off_watts": self.batch_off_watts, "pending_watts": self.pending_watts,
-            "pending_periods": self.pending_periods,
+            "pending_periods": self.pending_periods, "raised": self.raised,
         }  # fmt: skip
 
     def recall(self, memory: dict[str, Any]) -> None:
@@ -203,6 +211,9 @@ class PowerController:
             ]
             counts = [int(memory[k]) for k in ("calm", "warned", "held", "pending_periods")]
             watts = [float(memory[k]) for k in ("batch_off_watts", "pending_watts")]
+            raised = memory.get("raised", False)  # a memory from before it: not raised
+            if not isinstance(raised, bool):
+                raise TypeError(f"raised is {raised!r}, not a bool")
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a power controller's memory: {exc!r}") from exc
         if not all(math.isfinite(w) and w >= 0 for w in (*watts, *(d for _, d, _ in history))):
@@ -211,6 +222,7 @@ class PowerController:
         self.history = deque(history)
         self.calm, self.warned, self.held, self.pending_periods = counts
         self.batch_off_watts, self.pending_watts = watts
+        self.raised = raised
 
     def step(
         self,
@@ -239,7 +251,15 @@ class PowerController:
             self.history.popleft()
         recent = list(self.history)[-c.rise_window :]
         projected = draw_watts + max(r for _, _, r in recent)
-        target = c.target_ratio * limit_watts
+        # while baseline work waits, half the margin is the work's; it is taken back once
+        # the draw is under the usual target by itself (taken back at once, the shed
+        # queues the work again: a rack cycled between the two)
+        if waiting:
+            self.raised = True
+        elif draw_watts < c.target_ratio * limit_watts:
+            self.raised = False
+        ratio = c.waiting_target_ratio if self.raised else c.target_ratio
+        target = ratio * limit_watts
         if projected > target:
             self.calm = 0
             # a draw over the target sheds at once; a projection over it sheds on the
@@ -251,7 +271,7 @@ class PowerController:
             # has come and stopped is over by what the draw shows, not by its size again)
             trend = draw_watts + rise
             if draw_watts > target or (self.warned >= 2 and trend > target):
-                return self._shed(trend - target, trend, limit_watts, devices)
+                return self._shed(trend - target, trend, limit_watts, devices, ratio)
             return PowerPlan((), PowerReason.HOLD,
                              f"projected {projected:.0f} W over the target: watched",
                              projected_watts=projected)  # fmt: skip
@@ -308,7 +328,12 @@ class PowerController:
         return bool(steps) and room >= 2 * max(steps)
 
     def _shed(
-        self, need: float, projected: float, limit: float, devices: Sequence[DevicePower]
+        self,
+        need: float,
+        projected: float,
+        limit: float,
+        devices: Sequence[DevicePower],
+        ratio: float,
     ) -> PowerPlan:
         actions: list[PowerAction] = []
         left = need
@@ -335,7 +360,7 @@ class PowerController:
         # Against the limit only what caps take counts: a device its cap already slows may
         # draw no less at low clocks, batch work may have nowhere to go (or be less than its
         # share of the requests says), and a breaker is not tripped by an estimate's error
-        over_limit = after_caps - (1.0 - self.config.target_ratio) * limit
+        over_limit = after_caps - (1.0 - ratio) * limit
         for d in order:
             if over_limit <= 0:
                 break
@@ -358,7 +383,7 @@ class PowerController:
         short = max(0.0, over_limit)
         return PowerPlan(
             tuple(actions), reason,
-            f"projected {projected:.0f} W over {self.config.target_ratio:g} of {limit:.0f} W: "
+            f"projected {projected:.0f} W over {ratio:g} of {limit:.0f} W: "
             f"{len(actions)} device action(s)"
             + (f", move {moved:.0f} W of batch" if moved else "")
             + (f"; {short:.0f} W over the limit with every lever spent" if short else ""),
