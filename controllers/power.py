@@ -6,11 +6,12 @@ and its devices (draw, cap, cap range, criticality):
 - **guard**: the largest rise of the draw in one period over the last
   ``rise_window`` periods; the draw plus that guard is what the next period
   may bring (a step of load shows in it before the breaker does);
-- **shed** when the draw plus guard exceeds the target, ``target_ratio`` of the
-  limit (while baseline work waits on a pool the rack serves, ``waiting``,
-  ``waiting_target_ratio``: half the margin goes to the work that waits, and
-  stays spent until the draw falls under ``target_ratio`` by itself, so the
-  shed that taking it back would be does not queue the work again) (at
+- **target**: ``target_ratio`` of the limit; while baseline work waits on a
+  pool the rack serves (``waiting``), ``waiting_target_ratio``: half the
+  margin goes to the work that waits, and stays spent until the draw falls
+  under ``target_ratio`` by itself (taking it back at once would shed, and
+  queue the work again);
+- **shed** when the draw plus guard exceeds the target (at
   once when the draw itself does; otherwise on the second rise in a row while
   it does, so one rise, noisy or a step that has come and stopped, is not
   taken for a trend: a draw that does go over is caught by the reading that

@@ -533,7 +533,7 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
         batch = next((k + 1 for k, c in enumerate(rows) if caps and c < caps[-1]), None)
         # the largest batch within the SLO at full clocks once it began (a slowdown inside a
         # stronger one slows nothing); a cap already under it had nothing to cut
-        ratio = max(x.ratio for x in scn.events if x.kind == "slowdown" and x.active(start + 1))
+        ratio = max(x.ratio for x in slowdowns if x.active(start + 1))
         unit_s = p.tpot_base_s * ratio * (1 + p.spread_ratio)
         if caps and caps[-1] <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
             batch = 0
