@@ -308,6 +308,8 @@ class Tally:
     budgets: list[tuple[float, float]] = field(default_factory=list)  # (t, budget)
     # per period: (end, within the SLO, attainable by the oracle, batch cap at its end)
     record: list[tuple[float, bool, bool, int]] = field(default_factory=list)
+    # per period, what put it out of the SLO: "" (nothing), "tpot", "wait" or "both"
+    out_causes: list[str] = field(default_factory=list)
     last_ok: bool = True  # the last period's: within the SLO
     weighted_at_end: int = 0  # replicas the router still weights under 1 at the end
     held_device_s: int = 0  # device-seconds a cap or low-clock mode held a device down
@@ -428,6 +430,10 @@ def _end_period(
              for s in seconds)  # fmt: skip
     tally.periods_in_slo += ok
     tally.last_ok = ok
+    slow = any(s.baseline_tpot_s > p.tpot_slo_s for s in seconds)
+    queued = any(s.baseline_wait_s > p.wait_slo_s for s in seconds)
+    cause = "both" if slow and queued else "tpot" if slow else "wait" if queued else ""
+    tally.out_causes.append(cause)
     noise = 1 + plant.rng.gauss(0.0, scn.sensor_noise_ratio)
     tpot = max(s.baseline_tpot_s for s in seconds) / p.tpot_slo_s * noise
     load = sum(s.load_ratio for s in seconds) / len(seconds)
@@ -494,6 +500,24 @@ def _step_response(scn: ControlScenario, tally: Tally) -> dict[str, float | None
             old = worst.get(key + suffix, 0.0)
             worst[key + suffix] = None if value is None or old is None else max(old, value)
     return worst
+
+
+SHORTFALL_CAUSES = ("tpot", "wait", "both", "drain")
+
+
+def _shortfall_by_cause(tally: Tally) -> dict[str, int]:
+    """The periods out of the SLO that the oracle kept within it, by what put them out: a
+    second's TPOT over the SLO (``tpot``), baseline work queued past the wait SLO
+    (``wait``), both, or ``drain``: a queue still draining from a stretch the oracle could
+    not hold either (the oracle serves at exactly the SLO's token time, so its queue drains
+    sooner, and the stretch is out for both until it has). Every cause is listed, 0 too."""
+    out = dict.fromkeys(SHORTFALL_CAUSES, 0)
+    draining = False  # in a run of periods out of the SLO that began unattainable
+    for (_, ok, attainable, _), cause in zip(tally.record, tally.out_causes, strict=True):
+        draining = not ok and (draining or not attainable)
+        if not ok and attainable:
+            out["drain" if draining else cause] += 1
+    return out
 
 
 def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
@@ -583,6 +607,7 @@ def run_eval_control(scn: ControlScenario) -> dict[str, Any]:
             out[f"{key}{suffix}"] = None if value is None else round(value, 3)
         if name == "ours":
             out.update(_slowdown_response(scn, t))
+            out["shortfall_periods_by_cause"] = _shortfall_by_cause(t)
             # power-aware routing: what it decided, and whether every weight came back
             out["decisions"] = t.decisions
             out["replicas_weighted_at_end"] = t.weighted_at_end
@@ -626,6 +651,9 @@ def format_control(result: dict[str, Any]) -> str:
             for s in SUFFIXES
         ]
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
+    if causes := result.get("shortfall_periods_by_cause"):
+        lines += ["", "periods out of SLO that the oracle kept (ours), by cause: "
+                      + causes_line(causes)]  # fmt: skip
     routed = {k: v for k, v in result.get("decisions", {}).items() if k.startswith("power_routing")}
     if routed:
         said = ", ".join(f"{k.split('/', 1)[1]} {v}" for k, v in routed.items())
@@ -633,3 +661,10 @@ def format_control(result: dict[str, Any]) -> str:
         lines += ["", f"power-aware routing (ours): {said}; replicas still weighted down at the "
                       f"end: {left}"]  # fmt: skip
     return "\n".join(lines)
+
+
+def causes_line(causes: dict[str, int]) -> str:
+    """The shortfall's causes in words, for the text reports."""
+    names = {"tpot": "a second's TPOT", "wait": "queued work", "both": "both",
+             "drain": "draining a queue the oracle had too"}  # fmt: skip
+    return ", ".join(f"{names[k]} {causes.get(k, 0)}" for k in SHORTFALL_CAUSES)

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.sim.family import draw
-from evaluations.control import SUFFIXES, run_eval_control
+from evaluations.control import SHORTFALL_CAUSES, SUFFIXES, causes_line, run_eval_control
 from evaluations.control_scenario import (
     ControlEvent,
     ControlScenario,
@@ -303,6 +303,12 @@ def _aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "worst": None if not math.isfinite(worst) else round(worst, 4),
                 "never": len(numbers) - len(finite),
             }
+    # the periods each seed fell short of the oracle by, summed by what put them out
+    causes = [r["shortfall_periods_by_cause"] for r in results if "shortfall_periods_by_cause" in r]
+    if causes:
+        out["shortfall_periods_by_cause"] = {
+            k: sum(c.get(k, 0) for c in causes) for k in SHORTFALL_CAUSES
+        }
     for suffix in SUFFIXES:
         # the oscillations of every seed as one: actions over all their seconds (the mean of
         # per-seed rates weighs a seed's short window as much as another's long one)
@@ -352,6 +358,8 @@ def format_family(result: dict[str, Any]) -> str:
         lines.append(
             "  actions per 300 s of oscillation, every seed's pooled: " + "; ".join(pooled)
         )
+    if causes := agg.get("shortfall_periods_by_cause"):
+        lines.append("  periods out of SLO that the oracle kept, by cause: " + causes_line(causes))
     return "\n".join(lines)
 
 

@@ -240,6 +240,28 @@ def test_slowdowns_that_overlap_are_scored_as_the_one_slowdown_the_pool_runs_at(
     assert out["breach_after_slowdown_periods_oracle"] == 1
 
 
+def test_periods_short_of_the_oracle_are_told_apart_by_what_put_them_out() -> None:
+    """A queue the oracle could not keep either is still draining when the oracle's has
+    (it serves at exactly the SLO's token time): that period is the drain's, not the
+    controller's queue. Periods the oracle could not hold, and periods within the SLO,
+    are no shortfall at all."""
+    from evaluations.control import Tally, _shortfall_by_cause
+
+    periods = [  # (within the SLO, attainable by the oracle, what put it out)
+        (True, True, ""), (False, False, "wait"), (False, True, "wait"), (False, True, "both"),
+        (True, True, ""), (False, True, "tpot"), (False, True, "wait"), (False, True, "both"),
+        (False, False, "tpot"), (True, True, ""),
+    ]  # fmt: skip
+    tally = Tally(
+        record=[(10.0 * (i + 1), ok, att, 256) for i, (ok, att, _) in enumerate(periods)],
+        out_causes=[cause for *_, cause in periods],
+    )
+    causes = _shortfall_by_cause(tally)
+    assert causes == {"tpot": 1, "wait": 1, "both": 1, "drain": 2}
+    agg = _aggregate([{"shortfall_periods_by_cause": causes}] * 2 + [{}])
+    assert agg["shortfall_periods_by_cause"] == {"tpot": 2, "wait": 2, "both": 2, "drain": 4}
+
+
 def test_a_step_taken_inside_an_event_is_not_scored_as_a_step_response() -> None:
     from evaluations.control import Tally, _step_response
     from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
