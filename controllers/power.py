@@ -142,10 +142,14 @@ class PowerPlan:
 
 @dataclass(frozen=True, slots=True)
 class PowerConfig:
-    target_ratio: float = 0.92
+    # the guard already holds what the next period may bring (the largest recent rise);
+    # the margin under the target is for what a reading does not show: a second's swing of
+    # the draw with its load (three standard deviations of a 3% second-to-second load noise
+    # on devices whose dynamic power is about half the limit: about 5% of it)
+    target_ratio: float = 0.95
     # while baseline work waits on a pool the rack serves: half the margin under the limit
-    # is spent on it (the other half is what a step within a reading may bring)
-    waiting_target_ratio: float = 0.96
+    # is spent on it (the other half is what a swing within a reading may bring)
+    waiting_target_ratio: float = 0.975
     release_ratio: float = 0.8
     hold_periods: int = 3
     rise_window: int = 10

@@ -205,37 +205,38 @@ def test_power_caps_least_critical_first_and_lifts_with_hysteresis() -> None:
 
 def test_a_rack_spends_half_its_margin_while_baseline_work_waits() -> None:
     """Fresh control seed 141: a pool short of slots through a slowdown, its devices capped
-    by their racks' 0.92 target while baseline work queued. While work waits on a pool the
-    rack serves, the target is 0.96 of the limit; it stays there until the draw is under
-    0.92 by itself (taken back at once, the shed queues the work again), then sheds as
-    before. The raised target survives the controller's hand-over."""
-    limit = 5000.0  # 0.92 of it: 4,600 W; 0.96: 4,800 W
+    by their racks' target while baseline work queued. While work waits on a pool the rack
+    serves, the target is 0.975 of the limit (half the margin under the usual 0.95); it
+    stays there until the draw is under 0.95 by itself (taken back at once, the shed queues
+    the work again), then sheds as before. The raised target survives the controller's
+    hand-over."""
+    limit = 5000.0  # 0.95 of it: 4,750 W; 0.975: 4,875 W
     steady = _rack(400)
 
     def plan(ctl: PowerController, second: int, draw: float, *, waiting: bool = False) -> PowerPlan:
         return ctl.step(now=at(float(second)), draw_watts=draw, limit_watts=limit,
                         devices=steady, waiting=waiting)  # fmt: skip
 
-    # 4,650 W, over the usual target: shed at once unless baseline work waits
-    assert plan(PowerController(PowerConfig()), 0, 4650).reason is PowerReason.OVER_TARGET
+    # 4,800 W, over the usual target: shed at once unless baseline work waits
+    assert plan(PowerController(PowerConfig()), 0, 4800).reason is PowerReason.OVER_TARGET
     ctl = PowerController(PowerConfig())
-    assert plan(ctl, 0, 4650, waiting=True).reason is PowerReason.HOLD
-    # the queue is gone; the draw is still over 0.92: the margin stays spent, here and in
+    assert plan(ctl, 0, 4800, waiting=True).reason is PowerReason.HOLD
+    # the queue is gone; the draw is still over 0.95: the margin stays spent, here and in
     # another process's controller of the rack that recalls this one's memory
     memory = json.loads(json.dumps(ctl.remember()))
     moved = PowerController(PowerConfig())
     moved.recall(memory)
     for c in (ctl, moved):
-        assert plan(c, 1, 4700).reason is PowerReason.HOLD
-        # under 0.92 by itself: taken back, and the same draw as before now sheds
-        assert not plan(c, 2, 4500).actions
-        shed = plan(c, 3, 4650)
-        assert shed.reason is PowerReason.OVER_TARGET and "over 0.92 of" in shed.message
+        assert plan(c, 1, 4850).reason is PowerReason.HOLD
+        # under 0.95 by itself: taken back, and the same draw as before now sheds
+        assert not plan(c, 2, 4700).actions
+        shed = plan(c, 3, 4800)
+        assert shed.reason is PowerReason.OVER_TARGET and "over 0.95 of" in shed.message
     # a memory written before the raised target existed reads as not raised
     del memory["raised"]
     old = PowerController(PowerConfig())
     old.recall(memory)
-    assert plan(old, 1, 4700).reason is PowerReason.OVER_TARGET
+    assert plan(old, 1, 4850).reason is PowerReason.OVER_TARGET
     with pytest.raises(ValueError, match="raised"):
         PowerController(PowerConfig()).recall({**memory, "raised": "yes"})
 
@@ -256,11 +257,11 @@ def test_power_pulls_no_lever_for_a_hair_over_the_target() -> None:
 
 def test_power_guard_sees_a_ramp_before_the_limit() -> None:
     ctl = PowerController(PowerConfig())
-    reasons = [ctl.step(now=at(float(k)), draw_watts=3000 + 250 * k, limit_watts=5000,
-                        devices=_rack(400)).reason for k in range(8)]  # fmt: skip
-    # 4500 W + a 250 W rise > 0.92 * 5000 for a second period: capping starts at 4750 W,
-    # a period before the draw would reach the limit
-    assert reasons.index(PowerReason.OVER_TARGET) == 7
+    reasons = [ctl.step(now=at(float(k)), draw_watts=3000 + 200 * k, limit_watts=5000,
+                        devices=_rack(400)).reason for k in range(10)]  # fmt: skip
+    # 4600 W + a 200 W rise > 0.95 * 5000, and the draw itself over it a period later:
+    # capping starts at 4800 W, a period before the draw would reach the limit
+    assert reasons.index(PowerReason.OVER_TARGET) == 9
 
 
 def test_tpot_guard_cuts_fast_and_raises_with_hysteresis() -> None:
@@ -616,7 +617,7 @@ def test_feedforward_follows_a_ramp_down_without_waiting_out_the_window() -> Non
 
 def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
     ctl = PowerController(PowerConfig())
-    draws = [4300, 4300, 4550, 4350, 4350]  # one 250 W jump: 4550 + 250 > 4600, then calm
+    draws = [4450, 4450, 4700, 4500, 4500]  # one 250 W jump: 4700 + 250 > 4750, then calm
     plans = [
         ctl.step(now=at(float(k)), draw_watts=w, limit_watts=5000, devices=_rack(400))
         for k, w in enumerate(draws)
@@ -629,15 +630,15 @@ def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
     sharp = PowerController(PowerConfig())
     sharp.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(400))
     assert not sharp.step(
-        now=at(1.0), draw_watts=4550, limit_watts=5000, devices=_rack(400)
+        now=at(1.0), draw_watts=4700, limit_watts=5000, devices=_rack(400)
     ).actions
-    trend = sharp.step(now=at(2.0), draw_watts=4580, limit_watts=5000, devices=_rack(400))
-    assert trend.actions and trend.projected_watts == pytest.approx(4610)
+    trend = sharp.step(now=at(2.0), draw_watts=4730, limit_watts=5000, devices=_rack(400))
+    assert trend.actions and trend.projected_watts == pytest.approx(4760)
     # a draw over the target sheds at once, for its guard too
     over = PowerController(PowerConfig())
     over.step(now=at(0.0), draw_watts=4000, limit_watts=5000, devices=_rack(400))
-    now_over = over.step(now=at(1.0), draw_watts=4650, limit_watts=5000, devices=_rack(400))
-    assert now_over.actions and now_over.projected_watts == pytest.approx(5300)
+    now_over = over.step(now=at(1.0), draw_watts=4800, limit_watts=5000, devices=_rack(400))
+    assert now_over.actions and now_over.projected_watts == pytest.approx(5600)
 
 
 def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
@@ -651,7 +652,7 @@ def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
     ]
     assert plans[-1].reason is PowerReason.HEADROOM
     lifted = sum(a.watts - 300 for a in plans[-1].actions if a.watts is not None)
-    room = 0.92 * 5780 - 4700
+    room = PowerConfig().target_ratio * 5780 - 4700
     assert 0 < lifted <= room + 1
     # the draw rises by what was lifted: the guard knows that rise for its own, so it is
     # not taken for a trend of the load and nothing is shed again
@@ -664,7 +665,7 @@ def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
     # a trough of an oscillation is not headroom: the lift is sized for the window's peak
     wave = PowerController(PowerConfig())
     for k in range(60):
-        draw = 5150 + 150 * math.sin(2 * math.pi * k / 30)
+        draw = 5300 + 150 * math.sin(2 * math.pi * k / 30)
         plan = wave.step(now=at(float(k)), draw_watts=draw, limit_watts=5780, devices=capped)
         assert plan.reason is not PowerReason.HEADROOM
 
@@ -703,18 +704,18 @@ def test_power_moves_batch_work_off_a_rack_whose_caps_hold_and_brings_it_back() 
                 for i in range(8)]  # fmt: skip
 
     ctl = PowerController(PowerConfig())
-    held = [ctl.step(now=at(float(k)), draw_watts=4550, limit_watts=5000, devices=rack(350, 50))
+    held = [ctl.step(now=at(float(k)), draw_watts=4700, limit_watts=5000, devices=rack(350, 50))
             for k in range(3)]  # fmt: skip
     assert [p.reason for p in held][-1] is PowerReason.MOVE_BATCH
     assert held[-1].move_batch_watts == 400.0 and not held[-1].actions
     # moved once: while it is away, caps that still hold do not move it again
-    still = [ctl.step(now=at(3.0 + k), draw_watts=4550, limit_watts=5000, devices=rack(350, 20))
+    still = [ctl.step(now=at(3.0 + k), draw_watts=4700, limit_watts=5000, devices=rack(350, 20))
              for k in range(6)]  # fmt: skip
     assert PowerReason.MOVE_BATCH not in [p.reason for p in still]
     # a rack with no batch work has nothing to move: the caps just hold
     bare = PowerController(PowerConfig())
     assert all(
-        bare.step(now=at(float(k)), draw_watts=4550, limit_watts=5000, devices=rack(350, 0)).reason
+        bare.step(now=at(float(k)), draw_watts=4700, limit_watts=5000, devices=rack(350, 0)).reason
         is PowerReason.HOLD
         for k in range(6)
     )
@@ -754,10 +755,10 @@ def _power_plans(draws: list[float | None], limit: float = 5000.0) -> list[Power
 
 # the power controller's table: (name, rack draw per period, what must hold of the reasons)
 POWER_SCENARIOS = [
-    ("step over the target sheds at once", [4000.0] * 5 + [4700.0],
+    ("step over the target sheds at once", [4000.0] * 5 + [4800.0],
      lambda r: r[-1] is PowerReason.OVER_TARGET),
-    ("ramp is shed before the limit", [3000.0 + 250 * k for k in range(9)],
-     lambda r: PowerReason.OVER_TARGET in r[:8]),
+    ("ramp is shed before the limit", [3000.0 + 200 * k for k in range(11)],
+     lambda r: PowerReason.OVER_TARGET in r[:10]),
     ("+-5% oscillation under the target: never an action",
      [4000 * (1 + 0.05 * math.sin(k)) for k in range(60)],
      lambda r: set(r) == {PowerReason.HOLD}),
