@@ -263,8 +263,7 @@ class PowerController:
             self.raised = True
         elif draw_watts < c.target_ratio * limit_watts:
             self.raised = False
-        ratio = c.waiting_target_ratio if self.raised else c.target_ratio
-        target = ratio * limit_watts
+        target = self._target_ratio() * limit_watts
         if projected > target:
             self.calm = 0
             # a draw over the target sheds at once; a projection over it sheds on the
@@ -276,7 +275,7 @@ class PowerController:
             # has come and stopped is over by what the draw shows, not by its size again)
             trend = draw_watts + rise
             if draw_watts > target or (self.warned >= 2 and trend > target):
-                return self._shed(trend - target, trend, limit_watts, devices, ratio)
+                return self._shed(trend - target, trend, limit_watts, devices)
             return PowerPlan((), PowerReason.HOLD,
                              f"projected {projected:.0f} W over the target: watched",
                              projected_watts=projected)  # fmt: skip
@@ -332,14 +331,16 @@ class PowerController:
         ]
         return bool(steps) and room >= 2 * max(steps)
 
+    def _target_ratio(self) -> float:
+        """The target in force: raised while baseline work waits (and until the draw falls
+        under the usual one by itself)."""
+        c = self.config
+        return c.waiting_target_ratio if self.raised else c.target_ratio
+
     def _shed(
-        self,
-        need: float,
-        projected: float,
-        limit: float,
-        devices: Sequence[DevicePower],
-        ratio: float,
+        self, need: float, projected: float, limit: float, devices: Sequence[DevicePower]
     ) -> PowerPlan:
+        ratio = self._target_ratio()
         actions: list[PowerAction] = []
         left = need
         order = sorted(devices, key=lambda d: (d.criticality, -d.draw_watts))

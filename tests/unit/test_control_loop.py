@@ -8,6 +8,7 @@ import json
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -65,6 +66,9 @@ def _run(
     targets: tuple[float, float] | None = None,
 ) -> tuple[Simulation, list[ControlOutput]]:
     scenario = load_scenario(SCENARIOS / scenario_file)
+    power = PowerConfig(move_after_periods=3 if move_batch else 10**9)
+    if targets is not None:
+        power = replace(power, target_ratio=targets[0], waiting_target_ratio=targets[1])
     demand = scenario.demand.model_copy(update={"batch_ratio": batch_ratio})
     sim = Simulation(scenario.model_copy(update={"demand": demand}), start=START)
     dispatcher = build_dispatcher(SimControl(sim.fleet), COMMAND_KEYS, CollectorRegistry())
@@ -72,10 +76,7 @@ def _run(
         ControlWiring(
             signing_key=KEY, period_s=2.0, tpot_slo_s=tpot_slo_s,
             global_budget_devices=global_budget,
-            power=PowerConfig(move_after_periods=3 if move_batch else 10**9)
-            if targets is None
-            else PowerConfig(move_after_periods=3 if move_batch else 10**9,
-                             target_ratio=targets[0], waiting_target_ratio=targets[1]),
+            power=power,
             power_routing=PowerRoutingConfig(enabled=power_routing, across_pools=across_pools),
         )
     )  # fmt: skip
