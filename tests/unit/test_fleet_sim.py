@@ -224,6 +224,21 @@ def test_power_cap_bounds_power_and_slows_serving() -> None:
     assert dev.tpot_s > uncapped_tpot * 1.1
 
 
+def test_a_batch_cap_costs_throughput_as_a_batch_does_and_one_at_the_ceiling_costs_none() -> None:
+    # saturated devices: what each serves is what its cap lets it, relative to uncapped
+    served: dict[int | None, float] = {}
+    for cap in (None, 256, 128):
+        sim = _sim(load=1.5)
+        if cap is not None:
+            for pool in {d.pool for d in sim.fleet.devices.values() if d.pool}:
+                SimControl(sim.fleet).set_pool_lever(pool, "batch_size", cap)
+        _run(sim, 20)
+        served[cap] = sum(d.served_rps for d in sim.fleet.devices.values())
+    assert served[256] == pytest.approx(served[None], rel=1e-9)
+    # a batch of b carries b / (1 + b / 128) sequences per token time: 64 at 128, 85.3 at 256
+    assert served[128] == pytest.approx(served[None] * 64.0 / (256.0 / 3.0), rel=0.05)
+
+
 def test_power_cap_outside_the_driver_range_is_refused() -> None:
     sim = _sim()
     cap = _cmd(
