@@ -423,6 +423,30 @@ def test_each_model_answers_to_the_slo_and_one_quiet_slow_replica_does_not() -> 
     assert [o for o in made if o.decision.reason == "slo_breach"]
 
 
+def test_a_pool_is_read_at_its_worst_second_as_the_slo_is_kept() -> None:
+    # two replicas, their batches near the cap, report each second; one second in twenty
+    # both are over the SLO: 5% of the period's requests, so the period's pooled p95 reads
+    # 30 ms, and that second 90 ms
+    def run(slow_second: int | None) -> list[ControlOutput]:
+        planner = ControlPlanner(ControlWiring(period_s=20.0, tpot_slo_s=0.08))
+        made = []
+        for k in range(200):
+            tpot = 0.09 if slow_second is not None and k % 20 == slow_second else 0.03
+            for replica in ("a", "b"):
+                made += planner.serving(ServingMetrics(
+                    event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=k),
+                    replica_id=replica, node_id="node-00000", model="qwen-7b",
+                    pool="us-east-h100", region="us-east", accelerator_type="H100",
+                    interval_s=1.0, tpot_p95_s=tpot, queue_depth=0, batch_size=250,
+                    tokens_per_s=900.0, requests=10, errors=0, optional_requests=0,
+                ))  # fmt: skip
+        return made
+
+    assert not [o for o in run(None) if o.decision.reason == "slo_breach"]
+    said = {(o.decision.controller, o.decision.reason) for o in run(7)}
+    assert {("capacity", "slo_breach"), ("tpot_guard", "tpot_high")} <= said
+
+
 def test_caps_go_first_to_the_device_busiest_with_optional_work() -> None:
     sim = Simulation(load_scenario(SCENARIOS / "steady.yaml"), start=START)
     sim.tick(0)
