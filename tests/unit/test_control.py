@@ -329,6 +329,23 @@ def test_tpot_guard_follows_the_token_speed_in_one_period_and_gives_the_cap_back
     assert g.ceiling == 256 and g.restore is None
 
 
+def test_tpot_guard_holds_a_cap_at_the_speed_ceiling_while_tpot_reads_its_design_point() -> None:
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    for _ in range(6):  # 18 ms a token at a batch of one, steady
+        g.step(tpot_p95_s=0.035, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.018)
+    # tokens 1.4x slower: the cap to the ceiling, 161, where the model puts TPOT at 0.95
+    d = g.step(tpot_p95_s=0.05, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.0252)
+    assert (d.reason, d.target) == (BatchReason.TOKEN_SPEED, 161)
+    # full batches at the ceiling read 0.95-0.96 of the SLO: its own design point, held
+    held = [g.step(tpot_p95_s=0.06 * r, slo_s=0.06, batch_in_use=161, unit_tpot_s=0.0252)
+            for r in (0.951, 0.955, 0.958, 0.956, 0.957)]  # fmt: skip
+    assert {(d.reason, d.target) for d in held[2:]} == {(BatchReason.AT_CEILING, 161)}
+    # past the SLO less its noise (0.98: the token speed has not jittered), cut as ever
+    for _ in range(2):
+        d = g.step(tpot_p95_s=0.06 * 0.99, slo_s=0.06, batch_in_use=161, unit_tpot_s=0.0252)
+    assert (d.reason, d.target) == (BatchReason.TPOT_HIGH, 128)
+
+
 def test_tpot_guard_takes_a_speed_change_only_past_the_noise_it_has_seen() -> None:
     # 3% sensor noise a period: an 8% slowdown is inside its jitter (4 robust sigmas of the
     # period-to-period steps), a 40% one is not; with 0.5% noise, 8% is past the 5% floor
@@ -431,7 +448,9 @@ def test_tpot_guard_spends_the_slos_margin_on_a_queue_of_mandatory_work() -> Non
     # still the load)
     assert [d.reason for d in backs[:2]] == [BatchReason.QUEUE_BOUND] * 2
     assert backs[2].reason is BatchReason.MARGIN_BACK and g.target == 161
-    assert [d.reason for d in backs[3:]] == [BatchReason.HOLD] * 2
+    # (then held: the cap is the speed's ceiling, its trend still at the raise's TPOT, until
+    # readings at 161 bring the trend under the mark)
+    assert [d.reason for d in backs[3:]] == [BatchReason.AT_CEILING, BatchReason.HOLD]
     # and it survives a restart
     g.target = 170
     g.margin_from = 161
