@@ -239,7 +239,8 @@ class TpotGuard:
                 return BatchDecision(before, before, BatchReason.NOT_BATCH_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO at batch {batch_in_use}: "
                                      f"a cap of {cut} would not change it")  # fmt: skip
-            if self.target == self.ceiling < c.max_batch and trend <= self._queue_mark():
+            mark = self._queue_mark()
+            if self.target == self.ceiling < c.max_batch and trend <= mark:
                 # the cap is the speed's ceiling, the batch the TPOT model puts at high_ratio:
                 # a full batch there reads high_ratio give or take the model's error, and a
                 # cut on that cuts the ceiling's own design point (held-out seed 96: two 20%
@@ -247,8 +248,7 @@ class TpotGuard:
                 # mark a raise for waiting work may reach, the SLO less the TPOT's noise
                 return BatchDecision(before, before, BatchReason.AT_CEILING,
                                      f"TPOT at {ratio:.2f} of the SLO at the token speed's "
-                                     f"ceiling, batch {before}: held under "
-                                     f"{self._queue_mark():.2f}")  # fmt: skip
+                                     f"ceiling, batch {before}: held under {mark:.2f}")  # fmt: skip
             if waiting and mandatory and trend <= 1.0:
                 return BatchDecision(before, before, BatchReason.QUEUE_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO with work waiting behind "

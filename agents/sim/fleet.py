@@ -64,6 +64,7 @@ NODES_PER_RACK = 4
 RACKS_PER_POD = 2
 NODE_BASE_WATTS = 600.0  # CPUs, NICs, fans per node
 BATCH_MAX = 256
+DOUBLING_BATCH = 128.0  # a sequence's token takes twice as long in a batch of this size
 QUEUE_LIMIT_S = 30.0  # a queue longer than this many seconds of service rejects requests
 BASE_SBE_PER_S = 2e-4
 BREAKER_RATIO = 0.6  # racks are oversubscribed: the breaker is well below the nameplate sum
@@ -71,8 +72,8 @@ BREAKER_RATIO = 0.6  # racks are oversubscribed: the breaker is well below the n
 
 def _batch_throughput(batch: float) -> float:
     """Sequences a token time carries at a running batch of ``batch`` (each token takes
-    ``1 + batch / 128`` times a lone sequence's)."""
-    return batch / (1.0 + batch / 128.0)
+    ``1 + batch / DOUBLING_BATCH`` times a lone sequence's)."""
+    return batch / (1.0 + batch / DOUBLING_BATCH)
 
 
 class Fleet:
@@ -341,7 +342,7 @@ class Fleet:
         tpot = dev.spec.tpot_base_s(m) / (dev.clock_ratio * health)
         if cap is not None and cap < BATCH_MAX:
             # a batch cap bounds concurrency: fewer tokens per second, as a batch's throughput
-            # goes (``b / (1 + b / 128)`` per token time), relative to the most the device
+            # goes (``b / (1 + b / DOUBLING_BATCH)``), relative to the most the device
             # runs uncapped, so a cap back at the ceiling is no cap at all
             capacity_rps *= _batch_throughput(cap) / _batch_throughput(BATCH_MAX)
         arrived = dev.offered_rps * dt
@@ -359,12 +360,12 @@ class Fleet:
         spare -= dev.batch_rps
         # the batch at which TPOT reaches the router's target, as a rate (Little's law)
         target = self.router.tpot_target_s
-        room = max(0.0, 128 * (target / tpot - 1)) / (m.generated_tokens * target)
+        room = max(0.0, DOUBLING_BATCH * (target / tpot - 1)) / (m.generated_tokens * target)
         dev.optional_rps = self.router.optional_rps(dev, capacity_rps, spare, room)
         dev.served_rps = served / dt + dev.batch_rps + dev.optional_rps
         dev.busy_ratio = min(1.0, dev.served_rps / capacity_rps) if capacity_rps > 0 else 0.0
         dev.batch = min(float(cap or BATCH_MAX), dev.served_rps * m.generated_tokens * tpot)
-        dev.tpot_s = tpot * (1.0 + dev.batch / 128.0)
+        dev.tpot_s = tpot * (1.0 + dev.batch / DOUBLING_BATCH)
         wait_s = dev.queue / capacity_rps if capacity_rps > 0 else QUEUE_LIMIT_S
         prefill_s = m.prompt_tokens / (dev.spec.prefill_tokens_per_s * dev.clock_ratio * health)
         dev.ttft_s = prefill_s * (1.0 + dev.batch / 256.0) + wait_s
