@@ -13,7 +13,7 @@ spike moves nothing; a step does by the second period):
   only when the batch in use is above that (the cap binds): a pool whose TPOT
   is slow at a small batch is slow for another reason, and a smaller cap would
   cost throughput for nothing (``not_batch_bound``); nor at the token speed's
-  ceiling (below) while the trend is under the SLO less the TPOT's noise (the
+  ceiling (below) while the trend is under the SLO less its noise (the
   ceiling is the batch the TPOT model puts at ``high_ratio``: a full batch
   there reads ``high_ratio`` within the model's error, ``at_ceiling``); nor
   while mandatory work
@@ -21,7 +21,9 @@ spike moves nothing; a step does by the second period):
   the TPOT trend is still within the SLO: the pool is load-bound, and a
   smaller cap would serve fewer sequences at once, turning a TPOT that meets
   its SLO into a queue that does not (``queue_bound``; the router's admission
-  keeps the token time under the SLO);
+  keeps the token time under the SLO). A cut from above the ceiling (the
+  first speed reading sets one under ``max_batch``) stops at the ceiling,
+  where the TPOT model puts TPOT at the mark;
 - below ``low_ratio`` for ``hold_periods`` periods in a row (each reading,
   not the trend: raising is the risky direction): it rises by
   ``increase_step`` (additive: slow), back up to ``max_batch``;
@@ -37,7 +39,7 @@ spike moves nothing; a step does by the second period):
   the trend is within the SLO) the queue breaches before the token time does:
   the raise may pass the speed's ceiling (below), by a step or less, while the
   TPOT predicted stays under the SLO less ``queue_margin`` (or three robust
-  standard deviations of the token speed's jitter, if more). Once nothing
+  standard deviations of one reading's noise, if more). Once nothing
   mandatory has waited for ``hold_periods``, a trend over ``high_ratio`` takes
   the cap back to where that raise began (``margin_back``), not to
   ``decrease_factor`` of it; a trend over the SLO after such a raise (the TPOT
@@ -55,7 +57,8 @@ ceiling moves at once to the largest batch whose TPOT stays under
 slo / unit - 1)`` (``token_speed``): a slowdown cuts the cap to it in the
 period it shows, with no cut on top until the trend holds only readings
 taken at the new cap, and no raise past it; the speed coming back returns
-the cap it cut. The first reading only sets the speed it starts from. A step
+the cap it cut. The first reading sets the speed it starts from and the
+ceiling, not the cap (a cut from above it stops at it). A step
 that sees the speed move says by how much (``speed_moved``, the new unit TPOT
 over the old): the control planner sizes the optional-work budget's room at
 the speed now in a period the tokens slowed down.
@@ -235,6 +238,14 @@ class TpotGuard:
             ratio = trend
             self.low_streak = 0
             cut = max(c.min_batch, math.floor(self.target * c.decrease_factor))
+            if self.target > self.ceiling and self.margin_from is None:
+                # a cut from above the speed's ceiling (where the TPOT model puts TPOT at the
+                # mark) stops at it: further costs throughput for nothing. (A cap a raise for
+                # waiting work took past it, and over the SLO now, is where the model missed:
+                # that is cut as ever.) Never deeper than decrease_factor at once: a slow
+                # model's ceiling may be a batch of 19 where its pool runs 53, and a cut
+                # there trades a TPOT a few points over for a third of the throughput
+                cut = max(cut, self.ceiling)
             if batch_in_use is not None and batch_in_use <= cut:
                 return BatchDecision(before, before, BatchReason.NOT_BATCH_BOUND,
                                      f"TPOT at {ratio:.2f} of the SLO at batch {batch_in_use}: "
@@ -245,7 +256,7 @@ class TpotGuard:
                 # a full batch there reads high_ratio give or take the model's error, and a
                 # cut on that cuts the ceiling's own design point (held-out seed 96: two 20%
                 # cuts on 0.950 through a surge queued 8 s of baseline work). Cut past the
-                # mark a raise for waiting work may reach, the SLO less the TPOT's noise
+                # mark a raise for waiting work may reach, the SLO less one reading's noise
                 return BatchDecision(before, before, BatchReason.AT_CEILING,
                                      f"TPOT at {ratio:.2f} of the SLO at the token speed's "
                                      f"ceiling, batch {before}: held under {mark:.2f}")  # fmt: skip
@@ -326,15 +337,24 @@ class TpotGuard:
 
     def _queue_mark(self) -> float:
         """How near the SLO a raise for waiting mandatory work may take TPOT: under it by
-        three robust standard deviations of the token speed's period-to-period jitter (a
-        reading that noisy stays within the SLO), and at least ``queue_margin``."""
+        three robust standard deviations of one reading's noise (a reading that noisy stays
+        within the SLO), and at least ``queue_margin``. The jitter is of steps, the
+        difference of two readings: one reading's is that over the square root of 2."""
         c = self.config
-        return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * self._jitter_sigma()))
+        noise = self._jitter_sigma() / math.sqrt(2.0)
+        return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * noise))
 
     def _jitter_sigma(self) -> float:
         """The token speed's period-to-period jitter as a standard deviation: its median
         absolute step, scaled as the MAD is (robust to the steps a slowdown makes)."""
         return 1.4826 * median(self.jitter) if self.jitter else 0.0
+
+    def _ceiling_at(self, unit_s: float, slo_s: float) -> int:
+        """The largest batch whose TPOT stays under ``high_ratio`` of the SLO at a token
+        speed of ``unit_s`` (TPOT grows as ``1 + batch / doubling_batch``)."""
+        c = self.config
+        fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
+        return max(c.min_batch, min(c.max_batch, fresh))
 
     def _speed(self, unit_s: float | None, slo_s: float, before: int) -> BatchDecision | None:
         """The ceiling, moved when the token speed has moved past its noise; a decision when
@@ -346,9 +366,10 @@ class TpotGuard:
             self.jitter.append(abs(math.log(unit_s / self.last_unit_s)))
         self.last_unit_s = unit_s
         if self.speed_unit_s is None:
-            # the first reading is where the speed starts from; the level is the trend's
-            # business (a pool slow from the start is cut as its TPOT shows it)
+            # the first reading is where the speed starts from and sets the ceiling, not the
+            # cap: a pool is cut when its TPOT shows it (below), and not past that ceiling
             self.speed_unit_s = unit_s
+            self.ceiling = self._ceiling_at(unit_s, slo_s)
             return None
         if len(self.jitter) < c.speed_min_history:
             return None
@@ -360,9 +381,7 @@ class TpotGuard:
         self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s
         # a new ceiling: the margin is spent from it, if at all
         self.margin_from, self.margin_spoiled = None, False
-        # TPOT grows as 1 + batch / doubling_batch: the largest batch under the cut's mark
-        fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
-        self.ceiling = max(c.min_batch, min(c.max_batch, fresh))
+        self.ceiling = self._ceiling_at(unit_s, slo_s)
         if self.ceiling < self.target:
             self.restore = self.restore or self.target
             # the trend's readings are from before the cut: no cut on them on top of it

@@ -346,6 +346,56 @@ def test_tpot_guard_holds_a_cap_at_the_speed_ceiling_while_tpot_reads_its_design
     assert (d.reason, d.target) == (BatchReason.TPOT_HIGH, 128)
 
 
+def test_tpot_guard_cuts_no_further_than_the_first_speeds_ceiling_and_holds_it_there() -> None:
+    # 18 ms a token at a batch of one from the first reading: under 0.95 of a 45 ms SLO up
+    # to a batch of 128 * (0.95 * 45 / 18 - 1) = 176. The first reading sets that ceiling
+    # and leaves the cap at 256 (nothing says TPOT is near the SLO yet)
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    for _ in range(6):
+        d = g.step(tpot_p95_s=0.03, slo_s=0.045, batch_in_use=80, unit_tpot_s=0.018)
+        assert d.target == 256
+    assert g.ceiling == 176
+    # a full pool reads 0.96 of the SLO: cut by 20%, to 204, and then to the ceiling, not
+    # 20% again (163, well under it: tuning seed 34 held 179 through a steady stretch)
+    cuts = []
+    for _ in range(4):
+        d = g.step(tpot_p95_s=0.045 * 0.96, slo_s=0.045, batch_in_use=g.target,
+                   unit_tpot_s=0.018)  # fmt: skip
+        cuts += [d.target] if d.reason is BatchReason.TPOT_HIGH else []
+    assert cuts == [204, 176] and g.target == 176
+    # at the ceiling, readings up to the SLO less its noise (0.02 here: 0.3% of jitter)
+    # are its design point: held
+    rng = random.Random(3)
+    held = []
+    for _ in range(12):
+        j = 1 + rng.gauss(0.0, 0.003)
+        held.append(g.step(tpot_p95_s=0.045 * 0.96 * j, slo_s=0.045, batch_in_use=176,
+                           unit_tpot_s=0.018 * j).target)  # fmt: skip
+    assert set(held) == {176}
+    # past it, cut as ever, once the trend is there
+    past = [g.step(tpot_p95_s=0.045 * 0.99, slo_s=0.045, batch_in_use=176,
+                   unit_tpot_s=0.018) for _ in range(2)]  # fmt: skip
+    assert [(d.reason, d.target) for d in past] == [
+        (BatchReason.AT_CEILING, 176),
+        (BatchReason.TPOT_HIGH, 140),
+    ]
+
+
+def test_tpot_guard_spends_margin_to_the_noise_of_one_reading_not_of_a_step() -> None:
+    # readings with 1.5% noise each: their period-to-period steps spread by 1.5% * sqrt(2).
+    # The raise for waiting mandatory work stops three of one reading's sigmas under the
+    # SLO, about 0.955, not three of a step's (0.936, under the 0.95 floor)
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    rng = random.Random(5)
+    for _ in range(30):
+        j = 1 + rng.gauss(0.0, 0.015)
+        g.step(tpot_p95_s=0.03 * j, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.02 * j)
+    step_sigma = g._jitter_sigma()
+    assert 0.015 * 1.2 < step_sigma < 0.015 * 1.6
+    assert g._queue_mark() == pytest.approx(1 - 3 * step_sigma / math.sqrt(2))
+    assert g._queue_mark() > 0.95
+
+
 def test_tpot_guard_takes_a_speed_change_only_past_the_noise_it_has_seen() -> None:
     # 3% sensor noise a period: an 8% slowdown is inside its jitter (4 robust sigmas of the
     # period-to-period steps), a 40% one is not; with 0.5% noise, 8% is past the 5% floor
