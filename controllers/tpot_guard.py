@@ -217,14 +217,18 @@ class TpotGuard:
         waiting: bool = False,
         mandatory: bool = False,
         unit_tpot_s: float | None = None,
+        queued: bool | None = None,
     ) -> BatchDecision:
         """One period; ``batch_in_use`` is the largest batch a replica ran (None: unknown,
         taken as binding); ``waiting``, whether work queued behind it; ``mandatory``,
         whether that work is mandatory, baseline or batch (no optional work was admitted);
-        ``unit_tpot_s``, the pool's TPOT at a batch of one (None: no speed ceiling)."""
+        ``unit_tpot_s``, the pool's TPOT at a batch of one (None: no speed ceiling);
+        ``queued``, whether work queued at all, behind the cap or not (None: as
+        ``waiting``): a queue the router's own token-time mark holds back is still one."""
         c, before = self.config, self.target
         self.since_cut += 1
-        self.unqueued = 0 if waiting and mandatory else self.unqueued + 1
+        queue = waiting if queued is None else queued or waiting
+        self.unqueued = 0 if queue and mandatory else self.unqueued + 1
         self.speed_moved = None
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
             self.low_streak = 0

@@ -346,7 +346,11 @@ class ControlPlanner(ThrottleIssuer):
         before, target = pool.capacity.budget, pool.guard.target
         # work waiting on average over the period, on a replica whose batch target binds
         waiting = any(r.queue >= r.reports and r.batch_peak >= target for r in replicas)
-        b = self._guard(pool, tpot, replicas, mandatory=before == 0.0, waiting=waiting)
+        # ... or behind anything: where the router's token-time mark binds before the cap,
+        # the batch runs under the target and the queue is still there
+        queued = any(r.queue >= r.reports for r in replicas)
+        b = self._guard(pool, tpot, replicas, mandatory=before == 0.0, waiting=waiting,
+                        queued=queued)  # fmt: skip
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first; and what it held, on average over the period. At
         # the speed over the period; at the speed now in a period the guard saw the tokens
@@ -426,6 +430,7 @@ class ControlPlanner(ThrottleIssuer):
         *,
         mandatory: bool,
         waiting: bool,
+        queued: bool,
     ) -> BatchDecision:
         """The TPOT guard's step for the period: its batch target."""
         in_use = max((r.batch_peak for r in replicas), default=None)
@@ -447,7 +452,7 @@ class ControlPlanner(ThrottleIssuer):
         return pool.guard.step(
             tpot_p95_s=tpot, slo_s=self.wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
             mandatory=mandatory,  # no optional work admitted: what waits is mandatory
-            unit_tpot_s=unit,
+            unit_tpot_s=unit, queued=queued,
         )  # fmt: skip
 
     def _route_caps(self, outputs: list[ControlOutput]) -> list[ControlOutput]:

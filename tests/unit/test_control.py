@@ -520,6 +520,29 @@ def test_tpot_guard_spends_the_slos_margin_on_a_queue_of_mandatory_work() -> Non
     assert g.target == 161  # back up to the ceiling, not past it
 
 
+def test_tpot_guard_keeps_the_margin_while_a_queue_waits_behind_the_routers_own_mark() -> None:
+    # a slowdown's ceiling of 161, raised to 170 for baseline waiting behind it. The
+    # router's token-time mark then binds before the cap: the batch runs under 170 and the
+    # cap no longer binds (waiting is False), but the queue is still there (queued). No
+    # margin_back while it is (fresh seed 132 went 170 -> 154 -> 170 every few periods
+    # through a 60 s queue); once the queue is gone for three periods, back to 161
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+    for _ in range(8):
+        g.step(tpot_p95_s=0.035, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.018)
+    g.step(tpot_p95_s=0.05, slo_s=0.06, batch_in_use=100, unit_tpot_s=0.0252)
+    for _ in range(2):
+        g.step(tpot_p95_s=0.0252 * (1 + g.target / 128), slo_s=0.06, batch_in_use=g.target,
+               waiting=True, mandatory=True, unit_tpot_s=0.0252)  # fmt: skip
+    assert (g.target, g.margin_from) == (170, 161)
+    at_mark = 0.0252 * (1 + 170 / 128)  # 0.976 of the SLO: over 0.95, within the SLO
+    held = [g.step(tpot_p95_s=at_mark, slo_s=0.06, batch_in_use=166, mandatory=True,
+                   unit_tpot_s=0.0252, queued=True) for _ in range(6)]  # fmt: skip
+    assert {d.target for d in held} == {170}
+    gone = [g.step(tpot_p95_s=at_mark, slo_s=0.06, batch_in_use=166, mandatory=True,
+                   unit_tpot_s=0.0252, queued=False) for _ in range(3)]  # fmt: skip
+    assert (gone[-1].reason, g.target) == (BatchReason.MARGIN_BACK, 161)
+
+
 def test_power_goes_to_the_drivers_floor_before_a_trip_and_says_what_is_left() -> None:
     # a rack drawing 5,000 W (8 devices at 400 W, and its hosts) whose limit falls to
     # 3,000 W: policy's floor (300 W) and low clocks leave it over the limit, so the caps go
