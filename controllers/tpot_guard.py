@@ -227,8 +227,7 @@ class TpotGuard:
         ``waiting``): a queue the router's own token-time mark holds back is still one."""
         c, before = self.config, self.target
         self.since_cut += 1
-        queue = waiting if queued is None else queued or waiting
-        self.unqueued = 0 if queue and mandatory else self.unqueued + 1
+        self.unqueued = 0 if (waiting or queued) and mandatory else self.unqueued + 1
         self.speed_moved = None
         if tpot_p95_s is None or not math.isfinite(tpot_p95_s) or not slo_s > 0:
             self.low_streak = 0

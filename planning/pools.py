@@ -344,13 +344,13 @@ class ControlPlanner(ThrottleIssuer):
         replicas = list(pool.replicas.values())
         pool.tpot, pool.replicas = {}, {}
         before, target = pool.capacity.budget, pool.guard.target
-        # work waiting on average over the period, on a replica whose batch target binds
-        waiting = any(r.queue >= r.reports and r.batch_peak >= target for r in replicas)
-        # ... or behind anything: where the router's token-time mark binds before the cap,
-        # the batch runs under the target and the queue is still there
-        queued = any(r.queue >= r.reports for r in replicas)
+        # work waiting on average over the period: behind anything (where the router's
+        # token-time mark binds before the cap, the batch runs under the target and the
+        # queue is still there), and on a replica whose batch target binds
+        queues = [r for r in replicas if r.queue >= r.reports]
+        waiting = any(r.batch_peak >= target for r in queues)
         b = self._guard(pool, tpot, replicas, mandatory=before == 0.0, waiting=waiting,
-                        queued=queued)  # fmt: skip
+                        queued=bool(queues))  # fmt: skip
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first; and what it held, on average over the period. At
         # the speed over the period; at the speed now in a period the guard saw the tokens
