@@ -143,13 +143,18 @@ class PowerPlan:
 @dataclass(frozen=True, slots=True)
 class PowerConfig:
     # the guard already holds what the next period may bring (the largest recent rise);
-    # the margin under the target is for what a reading does not show: a second's swing of
-    # the draw with its load (three standard deviations of a 3% second-to-second load noise
-    # on devices whose dynamic power is about half the limit: about 5% of it)
-    target_ratio: float = 0.95
+    # the margin under the target is for what a reading does not show: the draw's swing
+    # from second to second with its load. A breaker trips on a draw held over its limit
+    # for seconds (five in the evaluation), and a rack's reading over the target closes its
+    # period at once, so the margin is for swings that come together second after second:
+    # 2.5% of the limit is 1.7 standard deviations of a 3% second-to-second load noise on
+    # devices whose dynamic power is half the limit (five independent seconds each that
+    # far over: about one chance in four million). 5% (three deviations, as if one
+    # second's swing tripped) held caps on racks with room; 1% tripped breakers
+    target_ratio: float = 0.975
     # while baseline work waits on a pool the rack serves: half the margin under the limit
     # is spent on it (the other half is what a swing within a reading may bring)
-    waiting_target_ratio: float = 0.975
+    waiting_target_ratio: float = 0.9875
     release_ratio: float = 0.8
     hold_periods: int = 3
     rise_window: int = 10
