@@ -101,6 +101,8 @@ class PoolPlant:
     routed_clocks: list[float] = field(default_factory=list)  # what the router balances by
     rng: random.Random = field(init=False)
     shedder: LoadShedder = field(init=False)
+    # (a device's watts, slowdown, at the router's mark) -> the most load it carries
+    _oracle_cache: dict[tuple[float, float, bool], float] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.shape.devices
@@ -115,6 +117,7 @@ class PoolPlant:
         self.batch_target = self.max_batch
         self.rng = random.Random(self.seed)
         self.shedder = LoadShedder(ShedConfig())
+        self._oracle_cache = {}
 
     def rack_of(self, device: int) -> int:
         return device * self.shape.racks // self.shape.devices
@@ -241,26 +244,37 @@ class PoolPlant:
             self.routed_clocks[i] += ROUTER_SMOOTHING * (c - self.routed_clocks[i])
         return _quantile_by(self.device_tpot_s, shares, 0.95)
 
-    def oracle_load(self, limits_watts: list[float]) -> float:
+    def oracle_load(self, limits_watts: list[float], *, at_mark: bool = False) -> float:
         """The most load this second could carry with TPOT in its SLO and every rack under
         its limit, at the best clock and share for each rack, knowing the slowdown: a
-        baseline over it breaches whatever a controller does (batch work could wait)."""
+        baseline over it breaches whatever a controller does (batch work could wait).
+        ``at_mark``: with TPOT within the router's own admission mark (``admit_ratio`` of
+        the SLO) instead, the most this plant's router admits whatever the levers do."""
         s = self.shape
         per_rack = [0] * s.racks
         for i in range(s.devices):
             per_rack[self.rack_of(i)] += 1
         total = sum(
-            n * self._rack_oracle((lim - s.host_watts_per_rack) / n)
+            n * self._rack_oracle((lim - s.host_watts_per_rack) / n, at_mark)
             for lim, n in zip(limits_watts, per_rack, strict=True)
             if n
         )
         return total / s.devices
 
-    def _rack_oracle(self, device_watts: float) -> float:
-        """The most load one device can carry within the SLO on ``device_watts``."""
+    def _rack_oracle(self, device_watts: float, at_mark: bool = False) -> float:
+        """The most load one device can carry within the SLO (or the router's mark) on
+        ``device_watts``."""
+        key = (device_watts, self.slowdown, at_mark)
+        best = self._oracle_cache.get(key)
+        if best is None:
+            best = self._oracle_cache[key] = self._best_load(device_watts, at_mark)
+        return best
+
+    def _best_load(self, device_watts: float, at_mark: bool) -> float:
         s = self.shape
         dyn = s.max_watts - s.idle_watts
-        t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / s.tpot_slo_s
+        slo_s = s.tpot_slo_s * (s.admit_ratio if at_mark else 1.0)
+        t0 = s.tpot_base_s * self.slowdown * (1 + s.spread_ratio) / slo_s
         power_room = (device_watts - s.idle_watts) / dyn
         best = 0.0
         for step in range(20, 101):

@@ -104,6 +104,16 @@ def test_a_family_draws_the_same_scenario_for_a_seed_and_sums_up_the_held_out_on
     seed6 = out["per_seed"]["6"]
     assert held["slo_attainment"]["mean"] == pytest.approx(seed6["slo_attainment"], abs=1e-4)
     assert 0 <= seed6["slo_attainment_oracle"] <= 1
+    # the oracle held to the router's own mark carries no more than the one at the SLO: it
+    # attains no more periods, and what ours harvests is no smaller a share of its room
+    assert seed6["slo_attainment_oracle_at_mark"] <= seed6["slo_attainment_oracle"]
+    assert seed6["harvest_vs_oracle_at_mark"] >= seed6["harvest_vs_oracle"]
+    assert seed6["slo_shortfall_vs_oracle_at_mark"] == pytest.approx(
+        max(0.0, seed6["slo_attainment_oracle_at_mark"] - seed6["slo_attainment"]), abs=1e-5
+    )
+    assert held["slo_shortfall_vs_oracle_at_mark"]["mean"] == pytest.approx(
+        seed6["slo_shortfall_vs_oracle_at_mark"], abs=1e-4
+    )
     pooled = held["actions_per_300s_oscillation_pooled"]
     assert (pooled["actions"], pooled["seconds"]) == (
         seed6["oscillation_actions"],

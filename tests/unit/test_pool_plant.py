@@ -61,3 +61,17 @@ def test_the_oracle_routes_rack_by_rack() -> None:
     even = plant.oracle_load([full, full])
     starved = plant.oracle_load([full, 0.5 * full])
     assert 0.5 * even < starved < even
+
+
+def test_the_oracle_at_the_routers_mark_is_what_the_router_admits_at_full_batch() -> None:
+    """The oracle runs TPOT at the SLO itself; the router admits only to ``admit_ratio`` of
+    it. Held to that mark the oracle carries what this plant's router admits with every
+    lever at its best (full clocks, full batch, equal shares), and less than at the SLO."""
+    plant = PoolPlant(SHAPE, priority=True, seed=1, max_batch=4096)  # the batch never binds
+    full = 4 * 700.0 + SHAPE.host_watts_per_rack  # nor the power
+    for slowdown in (1.0, 1.3):
+        plant.slowdown = slowdown
+        at_slo = plant.oracle_load([full, full])
+        at_mark = plant.oracle_load([full, full], at_mark=True)
+        assert at_mark < at_slo
+        assert at_mark == pytest.approx(plant.admission_cap(), rel=0.02)
