@@ -357,9 +357,10 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
         best = plant.oracle_load(limits)
         tally.oracle += ledger.second(best, baseline, scn.batch_level)
         attainable = attainable and ledger.backlog <= p.wait_slo_s * best
-        best = plant.oracle_load(limits, at_mark=True)
-        tally.oracle_at_mark += ledger_at_mark.second(best, baseline, scn.batch_level)
-        attainable_at_mark = attainable_at_mark and ledger_at_mark.backlog <= p.wait_slo_s * best
+        if plant.priority:  # only a priority router admits to a mark (the FIFO one: no mark)
+            best = plant.oracle_load(limits, at_mark=True)
+            tally.oracle_at_mark += ledger_at_mark.second(best, baseline, scn.batch_level)
+            attainable_at_mark &= ledger_at_mark.backlog <= p.wait_slo_s * best
         tally.harvested += sec.optional_served
         for i, tpot in enumerate(plant.device_tpot_s):
             if plant.low_clock[i] or plant.caps[i] < p.max_watts - 0.5:  # held down

@@ -103,6 +103,7 @@ class PoolPlant:
     shedder: LoadShedder = field(init=False)
     # (a device's watts, slowdown, at the router's mark) -> the most load it carries
     _oracle_cache: dict[tuple[float, float, bool], float] = field(init=False)
+    _per_rack: list[int] = field(init=False)  # devices on each rack
 
     def __post_init__(self) -> None:
         n = self.shape.devices
@@ -118,6 +119,9 @@ class PoolPlant:
         self.rng = random.Random(self.seed)
         self.shedder = LoadShedder(ShedConfig())
         self._oracle_cache = {}
+        self._per_rack = [0] * self.shape.racks
+        for i in range(n):
+            self._per_rack[self.rack_of(i)] += 1
 
     def rack_of(self, device: int) -> int:
         return device * self.shape.racks // self.shape.devices
@@ -251,17 +255,14 @@ class PoolPlant:
         ``at_mark``: with TPOT within the router's own admission mark (``admit_ratio`` of
         the SLO) instead, the most this plant's router admits whatever the levers do."""
         s = self.shape
-        per_rack = [0] * s.racks
-        for i in range(s.devices):
-            per_rack[self.rack_of(i)] += 1
         total = sum(
             n * self._rack_oracle((lim - s.host_watts_per_rack) / n, at_mark)
-            for lim, n in zip(limits_watts, per_rack, strict=True)
+            for lim, n in zip(limits_watts, self._per_rack, strict=True)
             if n
         )
         return total / s.devices
 
-    def _rack_oracle(self, device_watts: float, at_mark: bool = False) -> float:
+    def _rack_oracle(self, device_watts: float, at_mark: bool) -> float:
         """The most load one device can carry within the SLO (or the router's mark) on
         ``device_watts``."""
         key = (device_watts, self.slowdown, at_mark)
