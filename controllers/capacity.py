@@ -22,9 +22,11 @@ not optional):
    ``stabilise_up_s`` (a dip that may come back is not room; a rise shows at
    once; a step down, a reading ``step_down_ratio`` under the window's busiest
    and ``step_down_sigmas`` standard deviations under its mean, is taken at
-   once and restarts the window; a ramp down, where a falling line explains
-   ``ramp_fit`` of the window's variance, is sized for that line now plus
-   twice its residual spread, and restarts the window too), plus a PID
+   once and restarts the window, as :meth:`CapacityController.restart_windows`
+   does when the planner sees the pool's tokens speed up; a ramp down, where a
+   falling line explains ``ramp_fit`` of the window's variance, is sized for
+   that line now plus twice its residual spread, and restarts the window
+   too), plus a PID
    (:mod:`controllers.pid`) on ``setpoint_ratio - trend`` for what that
    misses (without a baseline ratio, the PID alone). Then a stabilisation
    window on increases, a tolerance after it (increases under
@@ -243,9 +245,7 @@ class CapacityController:
             if self._stepped_down(baseline_ratio, peak, mean - c.step_down_sigmas * spread):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
-                self.baselines.clear()
-                self.levels.clear()
-                self.stabiliser.forget()
+                self.restart_windows()
             self.baselines.append((now, baseline_ratio))
             level = median(b for _, b in itertools.islice(reversed(self.baselines), c.trend_window))
             if baseline_ratio > mean + c.step_down_sigmas * spread:
@@ -284,6 +284,14 @@ class CapacityController:
             f"budget {applied:.3f}, wanted {s.output:.3f}",
             p=s.p, i=s.i, d=s.d, trend_ratio=trend,
         )  # fmt: skip
+
+    def restart_windows(self) -> None:
+        """Start the baseline's windows and the stabiliser again: what they held out
+        against is gone (the load stepped down, or the pool's tokens sped up past their
+        noise), and the room it leaves is real now. The PID keeps what it learned."""
+        self.baselines.clear()
+        self.levels.clear()
+        self.stabiliser.forget()
 
     def _swing(self, now: datetime) -> tuple[float, float]:
         """The mean and standard deviation of the stabilisation window's readings (an

@@ -355,11 +355,17 @@ class ControlPlanner(ThrottleIssuer):
         # pass the latency setpoint first; and what it held, on average over the period. At
         # the speed over the period; at the speed now in a period the guard saw the tokens
         # slow down (feedforward: a slowdown that began late in the period shrinks the room
-        # at this close, not the next; a speed coming back is left to the PID, as raising is
-        # the risky direction)
+        # at this close, not the next; a speed coming back is read over the period, as
+        # raising is the risky direction)
         allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
         moved = pool.guard.speed_moved
         k, now = wiring.tpot_doubling_batch, moved is not None and moved > 1.0
+        if moved is not None and moved < 1.0:
+            # the tokens sped up past their noise (a slowdown over, a throttle lifted): the
+            # levels in the budget's windows were read in the slots of a slower pool, and a
+            # budget sized for their peak would wait out the stabilisation window (then
+            # climb back a step at a time) for room that is real now, as after a step down
+            pool.capacity.restart_windows()
         rooms = [r.room(target, k, allowed_s, now=now) for r in replicas]
         slots = max(1e-9, sum(rooms))
         load = sum(r.work / r.reports for r in replicas) / slots

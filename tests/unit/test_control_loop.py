@@ -158,6 +158,40 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
     assert isinstance(cut.command, ThrottleCommand) and cut.command.batch_size_max == 56
 
 
+def test_the_budget_takes_the_room_back_when_the_tokens_speed_up_again() -> None:
+    # one replica at batch 100 against a 0.08 s SLO (setpoint 0.9: 0.072 s). Fast, a token
+    # takes 0.03 s at a batch of one: 179 slots, of which the baseline holds 100 * 0.072 /
+    # 0.0534 = 135 (0.75). Slowed 12% (0.0336 s): 146 slots, 120 held (0.82), and the
+    # budget is cut at once. Fast again, the baseline falls back by 9%, too little for the
+    # budget to take it for a step down in load; but the guard sees the tokens speed up
+    # past their noise, and the budget's windows, whose busiest level was read in the
+    # slower pool's slots, start again: the room comes back at once, not after the
+    # 120-s stabilisation window and a climb back a step at a time
+    planner = ControlPlanner(ControlWiring(signing_key=KEY, period_s=10.0, tpot_slo_s=0.08))
+    budgets: list[tuple[int, float]] = []
+    speed: list[int] = []
+    for k in range(200):
+        unit_s = 0.0336 if 80 <= k < 120 else 0.03
+        m = ServingMetrics(
+            event_id=uuid.uuid4(), observed_at=START + timedelta(seconds=5 * k),
+            replica_id="r1", node_id="node-00000", model="llama-70b", pool="us-east-h100",
+            region="us-east", accelerator_type="H100", interval_s=5.0,
+            tpot_p95_s=unit_s * (1 + 100 / 128), queue_depth=0, batch_size=100,
+            tokens_per_s=900.0, requests=10, errors=0,
+        )  # fmt: skip
+        for o in planner.serving(m):
+            if o.decision.controller == "capacity" and o.decision.applied is not None:
+                budgets.append((k, o.decision.applied))
+            if o.decision.reason == "token_speed":
+                speed.append(k)
+    before = max(b for k, b in budgets if k < 80)
+    slowed = min(b for k, b in budgets if 80 <= k < 120)
+    assert before > 0.25 and slowed < before - 0.02  # cut for the slower pool's room
+    assert [k for k in speed if k >= 120] == [122]  # the close that reads report 120
+    back = [b for k, b in budgets if 120 <= k <= 122]
+    assert back and back[-1] > before - 0.02, f"the room came back only later: {budgets}"
+
+
 def test_optional_work_never_goes_where_the_router_sends_nothing() -> None:
     sim = Simulation(load_scenario(SCENARIOS / "steady.yaml"), start=START)
     sim.tick(0)
