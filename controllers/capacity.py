@@ -26,10 +26,9 @@ not optional):
    does when the planner sees the pool's tokens speed up; a ramp down, where a
    falling line explains ``ramp_fit`` of the window's variance, is sized for
    that line now plus twice its residual spread, and restarts the window
-   too), plus a PID
-   (:mod:`controllers.pid`) on ``setpoint_ratio - trend`` for what that
-   misses (without a baseline ratio, the PID alone). Then a stabilisation
-   window on increases, a tolerance after it (increases under
+   too), plus a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
+   for what that misses (without a baseline ratio, the PID alone). Then a
+   stabilisation window on increases, a tolerance after it (increases under
    ``tolerance_ratio``, cuts under ``tolerance_floor`` are noise: a rise the
    window lets through by a sliver waits until it is worth an action), a
    rate limit and the clamps (:mod:`controllers.stages`) decide what applies.
