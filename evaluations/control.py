@@ -569,7 +569,8 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
         batch = next((k + 1 for k, c in enumerate(rows) if caps and c < caps[-1]), None)
         # the largest batch within the SLO at full clocks once it began (a slowdown inside a
         # stronger one slows nothing); a cap already under it had nothing to cut
-        ratio = max(x.ratio for x in slowdowns if x.active(start + 1))
+        # (a slowdown of a second or less is over by then: its own ratio)
+        ratio = max([e.ratio, *(x.ratio for x in slowdowns if x.active(start + 1))])
         unit_s = p.tpot_base_s * ratio * (1 + p.spread_ratio)
         if caps and caps[-1] <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
             batch = 0

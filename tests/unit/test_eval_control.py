@@ -232,6 +232,27 @@ def test_the_oracle_owes_what_it_deferred_before_it_counts_room_for_optional_wor
     assert sum(room) == pytest.approx(60 * 0.05 - 1.0 - 0.5)
 
 
+def test_a_slowdown_of_one_second_is_scored_not_a_crash() -> None:
+    """A slowdown as short as the scenario format allows (a second) has a response like
+    any other; scoring it once failed on an empty max()."""
+    from evaluations.control import Tally, _slowdown_response
+    from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
+
+    scn = ControlScenario(
+        name="x", duration_s=300, baseline=[Segment(at_s=0, level=0.3)],
+        events=[ControlEvent(at_s=100, kind="slowdown", duration_s=1, ratio=1.05)],
+    )  # fmt: skip
+    tally = Tally(
+        budgets=[(float(t), 0.3) for t in range(10, 301, 10)],
+        record=[(float(t), True, True, 256) for t in range(10, 301, 10)],
+    )
+    out = _slowdown_response(scn, tally)
+    # never cut and the SLO held throughout: no need; the cap (256) was over what a 5%
+    # slowdown allows at this SLO, and it was never cut
+    assert out["slowdown_budget_cut_periods"] == 0
+    assert out["breach_after_slowdown_periods"] == 0
+
+
 def test_slowdowns_that_overlap_are_scored_as_the_one_slowdown_the_pool_runs_at() -> None:
     """A 40% slowdown from 100 s to 400 s, and a 20% one from 200 s to 500 s: the second
     slows nothing as it begins (the pool already runs at the first), so there is nothing
