@@ -343,6 +343,9 @@ def format_family(result: dict[str, Any]) -> str:
             f"{r.get('actions_per_300s_oscillation', '-'):>10}"
             f"{_pair(r, 'reaction_periods'):>15}{_pair(r, 'settling_periods'):>16}"
         )
+    if not agg["seeds"]:
+        lines += ["", "held-out seeds: none (every seed drawn is one the family tunes on)"]
+        return "\n".join(lines)
     lines += ["", "held-out seeds: mean / worst (ours; static; HPA-style)"]
     for key in FIGURES:
         cells = []

@@ -300,9 +300,10 @@ def format_family(result: dict[str, Any]) -> str:
         if not agg:
             continue
         lines += ["", f"{label} over {agg['seeds']} seeds"]
+        width = max(len(k) for k in agg) + 2  # the longest key still leaves a gap
         for key, value in agg.items():
             if key != "seeds":
-                lines.append(f"  {key:<44}{value}")
+                lines.append(f"  {key:<{width}}{value}")
     causes = [
         f"seed {seed}: {c}" for seed, s in result["per_seed"].items()
         for c in s["false_isolation_causes"]

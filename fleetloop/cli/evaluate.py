@@ -19,6 +19,17 @@ def family_path(name: str) -> Path:
 
 
 def _cmd_eval_faults(args: argparse.Namespace) -> int:
+    from agents.sim.scenario import ScenarioError
+
+    if (args.family is None) == (args.scenario is None):
+        raise SystemExit("eval faults: give --scenario FILE or --family NAME --seeds A-B")
+    try:
+        return _eval_faults(args)
+    except ScenarioError as exc:
+        raise SystemExit(f"fleetloop eval faults: {exc}") from None
+
+
+def _eval_faults(args: argparse.Namespace) -> int:
     from agents.sim.family import parse_seeds
     from evaluations.faults import (
         EvalRun,
@@ -29,8 +40,6 @@ def _cmd_eval_faults(args: argparse.Namespace) -> int:
         run_in_process,
     )
 
-    if (args.family is None) == (args.scenario is None):
-        raise SystemExit("eval faults: give --scenario FILE or --family NAME --seeds A-B")
     if args.family is not None:
         connection = ConnectionSettings()
         result = run_family(
@@ -71,7 +80,10 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
         write_results,
     )
 
-    corpus, windows = read_corpus(Path(args.dir))
+    try:
+        corpus, windows = read_corpus(Path(args.dir))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"fleetloop eval nab: {exc}") from None
     if args.score_only:
         results = Path(args.score_only)
         detectors = args.detector or sorted(p.name for p in results.iterdir() if p.is_dir())

@@ -43,6 +43,19 @@ def test_load_times_per_accelerator_are_a_flag() -> None:
         settings_from(WorkerSettings, args)
 
 
+def test_evaluation_inputs_that_cannot_be_read_exit_with_the_file_and_why(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "nothing.yaml"
+    for argv, says in (
+        (["eval", "faults", "--scenario", str(missing), "--in-process"], "nothing.yaml"),
+        (["eval", "faults", "--family", str(missing), "--in-process"], "nothing.yaml"),
+        (["eval", "control", "--scenario", str(missing)], "nothing.yaml"),
+    ):
+        with pytest.raises(SystemExit, match=says):
+            main(argv)
+
+
 def test_schemas_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schemas", "export", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from evaluations.control import OracleLedger, run_policy
-from evaluations.control_family import _aggregate, draw_control_scenario, load_control_family
+from evaluations.control_family import (
+    _aggregate,
+    draw_control_scenario,
+    format_family,
+    load_control_family,
+)
 from fleetloop.cli import main
 
 SCENARIOS = Path(__file__).parents[2] / "scenarios" / "control"
@@ -136,6 +141,14 @@ def test_a_family_pools_its_oscillations_as_well_as_averaging_their_rates() -> N
     pooled = agg["actions_per_300s_oscillation_pooled"]
     assert pooled == {"actions": 4, "seconds": 979, "per_300s": pytest.approx(1.2257, abs=1e-4)}
     assert "actions_per_300s_oscillation_pooled_hpa" not in agg  # no such seconds: no figure
+
+
+def test_a_report_with_no_held_out_seed_says_so() -> None:
+    result = {"family": "x", "seeds": [1, 2], "tune_seeds": [1, 2], "per_seed": {},
+              "aggregate_held_out": _aggregate([])}  # fmt: skip
+    assert format_family(result).endswith(
+        "held-out seeds: none (every seed drawn is one the family tunes on)"
+    )
 
 
 def test_a_bad_control_family_is_a_clear_error(tmp_path: Path) -> None:
