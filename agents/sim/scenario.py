@@ -99,10 +99,14 @@ class FaultSpec(Closed):
         t = self.target
         if self.kind in DEVICE_FAULTS and (t.node is None or t.device is None):
             raise ValueError(f"{self.kind.value} targets a device: give target.node and .device")
-        if self.kind in NODE_FAULTS and t.node is None:
-            raise ValueError(f"{self.kind.value} targets a node: give target.node")
-        if self.kind in RACK_FAULTS and t.rack is None:
-            raise ValueError(f"{self.kind.value} targets a rack: give target.rack")
+        if self.kind in NODE_FAULTS and (t.node is None or t.device is not None):
+            # a device named too would be scored as that device's fault while the whole
+            # node suffers it
+            raise ValueError(f"{self.kind.value} targets a node: give target.node alone")
+        if self.kind in RACK_FAULTS and (
+            t.rack is None or t.node is not None or t.device is not None
+        ):
+            raise ValueError(f"{self.kind.value} targets a rack: give target.rack alone")
         if (
             self.kind is FaultKind.ROLLOUT_SLOWDOWN
             and t.accelerator_type is None

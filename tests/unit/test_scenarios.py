@@ -57,6 +57,15 @@ def test_the_shipped_scenarios_cover_every_fault_kind() -> None:
             " params: {lead_s: 100}}]",
             "lead_s",
         ),
+        (
+            "faults: [{kind: thermal_runaway, target: {node: 0, device: 0}, start_s: 1,"
+            " duration_s: 5}]",
+            "targets a node: give target.node alone",
+        ),
+        (
+            "faults: [{kind: power_brake, target: {rack: 0, node: 1}, start_s: 1, duration_s: 5}]",
+            "targets a rack: give target.rack alone",
+        ),
         ("demand: {kind: rate-csv}", "needs a path"),
         ("flet: {nodes: 3}", "flet"),
         ("- just\n- a list", "a scenario is a mapping"),
