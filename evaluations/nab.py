@@ -150,13 +150,19 @@ def leave_one_category_out(
     """Per held-out category, each scored with a threshold chosen on the other categories:
     the settings of ``grid`` best on the others (``chosen``), the defaults as shipped
     (``defaults``) and the windowed-Gaussian baseline (``baseline``)."""
+    categories = sorted({_category(s.name) for s in corpus})
+    if len(categories) < 2:
+        # no other category to choose a threshold on: every score would be an artefact
+        raise ValueError(
+            f"leaving one category out needs two or more; this corpus has {categories}"
+        )
     grid = grid or LOCO_GRID
     runs = {
         name: _swept(run_detector(corpus, config=config), windows) for name, config in grid.items()
     }
     baseline = _swept(run_detector(corpus, "windowed_gaussian"), windows)
     out = {}
-    for held in sorted({_category(s.name) for s in corpus}):
+    for held in categories:
         ranked = sorted(((_others(files, held), name) for name, files in runs.items()),
                         key=lambda r: -r[0][1])  # fmt: skip
         (threshold, others), name = ranked[0]

@@ -101,7 +101,10 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
     baseline = score_corpus(run_detector(corpus, "windowed_gaussian"), windows)
     result["baseline_windowed_gaussian"] = baseline["score_standard"]
     if args.loco:
-        result["leave_one_category_out"] = leave_one_category_out(corpus, windows)
+        try:
+            result["leave_one_category_out"] = leave_one_category_out(corpus, windows)
+        except ValueError as exc:
+            raise SystemExit(f"fleetloop eval nab --loco: {exc}") from None
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

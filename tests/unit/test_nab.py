@@ -231,6 +231,14 @@ def test_eval_nab_runs_scores_writes_and_rescores(
     assert rescored["score_standard"] == result["score_standard"]
 
 
+def test_leaving_out_the_only_category_is_refused(tmp_path: Path) -> None:
+    # one category leaves none to choose a threshold on: any score would be an artefact
+    # (a one-category corpus once scored the windowed Gaussian -726 and ours 0)
+    _corpus(tmp_path / "nab")
+    with pytest.raises(SystemExit, match=r"two or more; this corpus has \['cat'\]"):
+        main(["eval", "nab", str(tmp_path / "nab"), "--loco"])
+
+
 def test_leave_one_category_out_chooses_on_the_others_and_scores_the_held_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
