@@ -142,6 +142,18 @@ def _others(files: list[SweptFile], held: str) -> tuple[float, float]:
     return threshold, normalised(raw, train, STANDARD)
 
 
+def loco_categories(corpus: list[Series]) -> list[str]:
+    """The corpus's categories, each to be left out in turn. Raises ``ValueError`` on
+    fewer than two: no other category to choose a threshold on, so every score would be
+    an artefact."""
+    categories = sorted({_category(s.name) for s in corpus})
+    if len(categories) < 2:
+        raise ValueError(
+            f"leaving one category out needs two or more; this corpus has {categories}"
+        )
+    return categories
+
+
 def leave_one_category_out(
     corpus: list[Series],
     windows: dict[str, list[tuple[datetime, datetime]]],
@@ -150,12 +162,7 @@ def leave_one_category_out(
     """Per held-out category, each scored with a threshold chosen on the other categories:
     the settings of ``grid`` best on the others (``chosen``), the defaults as shipped
     (``defaults``) and the windowed-Gaussian baseline (``baseline``)."""
-    categories = sorted({_category(s.name) for s in corpus})
-    if len(categories) < 2:
-        # no other category to choose a threshold on: every score would be an artefact
-        raise ValueError(
-            f"leaving one category out needs two or more; this corpus has {categories}"
-        )
+    categories = loco_categories(corpus)
     grid = grid or LOCO_GRID
     runs = {
         name: _swept(run_detector(corpus, config=config), windows) for name, config in grid.items()

@@ -73,6 +73,7 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
         format_loco,
         format_nab,
         leave_one_category_out,
+        loco_categories,
         read_corpus,
         read_results,
         run_detector,
@@ -82,8 +83,11 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
 
     try:
         corpus, windows = read_corpus(Path(args.dir))
+        if args.loco:
+            loco_categories(corpus)  # before any detector runs, not after them all
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"fleetloop eval nab: {exc}") from None
+        flag = " --loco" if args.loco else ""
+        raise SystemExit(f"fleetloop eval nab{flag}: {exc}") from None
     if args.score_only:
         results = Path(args.score_only)
         detectors = args.detector or sorted(p.name for p in results.iterdir() if p.is_dir())
@@ -101,10 +105,7 @@ def _cmd_eval_nab(args: argparse.Namespace) -> int:
     baseline = score_corpus(run_detector(corpus, "windowed_gaussian"), windows)
     result["baseline_windowed_gaussian"] = baseline["score_standard"]
     if args.loco:
-        try:
-            result["leave_one_category_out"] = leave_one_category_out(corpus, windows)
-        except ValueError as exc:
-            raise SystemExit(f"fleetloop eval nab --loco: {exc}") from None
+        result["leave_one_category_out"] = leave_one_category_out(corpus, windows)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
