@@ -74,6 +74,8 @@ class CapacityReason(StrEnum):
     CLAMPED = "clamped"
     GLOBAL_BUDGET = "global_budget"  # other pools hold the fleet's optional-work limit
     POWER_LIMIT = "power_limit"  # a rack of the pool is over its limit, every lever spent
+    # the pool's tokens slowed within a period: cut to the room the baseline leaves at once
+    TOKEN_SPEED = "token_speed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +363,16 @@ class CapacityController:
             derivative=self.state.derivative,
             output=ratio,
         )
+        return True
+
+    def cut_to(self, ratio: float, *, now: datetime) -> bool:
+        """Between steps: the budget down to ``ratio`` at once (the room a slowdown leaves,
+        seen within a period), as :meth:`limit` holds it, and remembered by the stabiliser
+        as if a step had wanted it: a rise past it waits out the window, as after a cut a
+        step makes. False if the budget was at or under it already."""
+        if not self.limit(max(0.0, ratio)):
+            return False
+        self.stabiliser.recent.append((now, self.budget))
         return True
 
     def _stale_or_hold(self, now: datetime) -> CapacityDecision:

@@ -338,6 +338,17 @@ class TpotGuard:
             self.low_streak = 0
         return BatchDecision(before, before, BatchReason.HOLD, f"TPOT at {ratio:.2f}: held")
 
+    def slow_mark_s(self) -> float | None:
+        """The TPOT at a batch of one past which the token speed has slowed by more than
+        its noise, as the next step would judge it (None: no speed known yet, or too little
+        of its jitter to judge by): what the control planner watches for within a period."""
+        c = self.config
+        if self.speed_unit_s is None or len(self.jitter) < c.speed_min_history:
+            return None
+        return self.speed_unit_s * math.exp(
+            max(c.speed_tolerance, c.speed_noise_multiple * self._jitter_sigma())
+        )
+
     def _queue_mark(self) -> float:
         """How near the SLO a raise for waiting mandatory work may take TPOT: under it by
         three robust standard deviations of one reading's noise (a reading that noisy stays

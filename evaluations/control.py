@@ -321,6 +321,12 @@ class Tally:
     held_device_s: int = 0  # device-seconds a cap or low-clock mode held a device down
     held_over_slo_s: int = 0  # of those, the ones its TPOT was over the SLO
     decisions: dict[str, int] = field(default_factory=dict)  # ours: "controller/reason" -> n
+    # ours: the budget in force as the period began (the planner decides at a period's
+    # close, the first event of the next; and, for a slowdown it sees, within one)
+    period_budget: float = 0.0
+    # (second, budget, batch cap) each time either changed, in order: when a lever moved,
+    # to the second (the planner may act within a period: a slowdown it sees at once)
+    changes: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 def run_policy(scn: ControlScenario, name: str) -> Tally:
@@ -382,9 +388,13 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
             if r in plant.tripped and limits[r] >= nominal[r] and t - tripped_at[r] >= DARK_S:
                 plant.reset(r)
         acted = policy.power(t, sec, limits, plant)
+        _changed(tally, float(t), policy.budget, plant.batch_target)
+        if t % period == 0:
+            tally.period_budget = policy.budget
         seconds.append(sec)
         if (t + 1) % period == 0:
             acted += _end_period(scn, policy, plant, seconds, t + 1, tally)
+            _changed(tally, float(t + 1), policy.budget, plant.batch_target)
             tally.periods_attainable += attainable
             tally.periods_attainable_at_mark += attainable_at_mark
             tally.record.append((float(t + 1), tally.last_ok, attainable, plant.batch_target))
@@ -397,6 +407,12 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
     if isinstance(policy, Production):
         tally.decisions = dict(sorted(policy.decisions.items()))
     return tally
+
+
+def _changed(tally: Tally, at: float, budget: float, cap: int) -> None:
+    """Note the levers at second ``at`` if either moved since the last note."""
+    if not tally.changes or tally.changes[-1][1:] != (budget, cap):
+        tally.changes.append((at, budget, cap))
 
 
 @dataclass(slots=True)
@@ -460,9 +476,13 @@ def _end_period(
     acted = policy.period(now, reading, plant)
     # each budget at the time it was decided: the static and HPA policies decide as the
     # period ends; the planner closes a period at the first event of the next, and what it
-    # decided at the start of this period is what ran through it
-    decided = now - max(1, round(scn.period_s)) if isinstance(policy, Production) else now
-    tally.budgets.append((decided, policy.budget))
+    # decided at the start of this period is what ran through it (until a cut for a slowdown
+    # it saw within the period: that is the next period's entry, as a cut at this period's
+    # end would be; the slowdown's own figures are timed to the second, from ``changes``)
+    if isinstance(policy, Production):
+        tally.budgets.append((now - max(1, round(scn.period_s)), tally.period_budget))
+    else:
+        tally.budgets.append((now, policy.budget))
     return acted
 
 
@@ -534,7 +554,9 @@ def _shortfall_by_cause(tally: Tally) -> dict[str, int]:
 
 def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
     """After each slowdown (TPOT up, load unchanged), worst over them: periods until the
-    optional budget and the batch cap were cut (0: no need, as nothing was admitted, the
+    optional budget and the batch cap were cut (the seconds from its start to the cut, in
+    periods rounded up, so a cut 3 s on is within one wherever in a period the slowdown
+    began; 0: no need, as nothing was admitted, the
     budget was never cut and the SLO held throughout, or the cap was already under what
     the slowed speed allows; None: never, though it was needed),
     and how many periods the baseline stayed out of its SLO after the slowdown ended, ours
@@ -548,31 +570,41 @@ def _slowdown_response(scn: ControlScenario, tally: Tally) -> dict[str, Any]:
     p = scn.pool
     out: dict[str, Any] = {}
     slowdowns = [e for e in scn.events if e.kind == "slowdown"]
-    # each batch cap at the time it was decided, as the budgets are: the planner decides at a
-    # period's close (the first event of the next) what runs through the next period
-    decided = [(t - period, cap) for t, _, _, cap in tally.record]
+
+    def in_force(lever: int, at: float) -> float | None:
+        """The budget (``lever`` 1) or batch cap (2) in force at second ``at``."""
+        known = [c[lever] for c in tally.changes if c[0] <= at]
+        return known[-1] if known else None
+
+    def cut_after(lever: int, start: float, stop: float) -> int | None:
+        """Periods from ``start`` to the first cut of ``lever`` by ``stop``: the seconds
+        to it in periods, rounded up (a cut 3 s after a slowdown began is within one
+        period, wherever in a period it began); None if there was none."""
+        was = in_force(lever, start)
+        for change in tally.changes:
+            if was is not None and start < change[0] <= stop and change[lever] < was:
+                return max(1, math.ceil((change[0] - start) / period - 1e-9))
+        return None
+
     for e in slowdowns:
         start, end = e.at_s, e.at_s + max(e.duration_s, 1.0)
         others = [x for x in slowdowns if x is not e]
         slows = e.ratio > max((x.ratio for x in others if x.active(start)), default=1.0)
         while over := [x for x in others if x.active(end)]:  # another still slows the pool
             end = max(x.at_s + max(x.duration_s, 1.0) for x in over)
-        before = [b for t, b in tally.budgets if t <= start]
-        during = [(t, b) for t, b in tally.budgets if start < t <= end + period]
-        cut = next((k + 1 for k, (_, b) in enumerate(during) if before and b < before[-1]), None)
-        if before and before[-1] == 0.0:
+        cut = cut_after(1, start, end + period)
+        if in_force(1, start) == 0.0:
             cut = 0  # nothing to cut
         elif cut is None and all(ok for t, ok, _, _ in tally.record if start < t <= end + period):
             cut = 0  # never cut, and the SLO held throughout: there was no need to
-        caps = [c for t, c in decided if t <= start]
-        rows = [c for t, c in decided if start < t <= end + period]
-        batch = next((k + 1 for k, c in enumerate(rows) if caps and c < caps[-1]), None)
+        batch = cut_after(2, start, end + period)
         # the largest batch within the SLO at full clocks once it began (a slowdown inside a
         # stronger one slows nothing); a cap already under it had nothing to cut
         # (a slowdown of a second or less is over by then: its own ratio)
         ratio = max([e.ratio, *(x.ratio for x in slowdowns if x.active(start + 1))])
         unit_s = p.tpot_base_s * ratio * (1 + p.spread_ratio)
-        if caps and caps[-1] <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
+        cap = in_force(2, start)
+        if cap is not None and cap <= SLOT_SHARE * (p.tpot_slo_s / unit_s - 1.0):
             batch = 0
         if not slows:  # it began inside a stronger one: nothing slowed more, nothing to cut
             cut = batch = 0

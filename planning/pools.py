@@ -10,7 +10,11 @@ queue. At the period's end the pool's
 :class:`~controllers.capacity.CapacityController` sets its optional-work
 budget (latency over the SLO, and load over the batch slots the TPOT guard
 allows), spent on the two levers, and its
-:class:`~controllers.tpot_guard.TpotGuard` its batch-size target. Racks, their
+:class:`~controllers.tpot_guard.TpotGuard` its batch-size target. A slowdown's cut of
+optional work is not left to the period's end: when most of a pool's replicas run
+slower at a batch of one than the guard's noise allows, in two of their last three
+reports, the budget goes down at that report to the room the baseline leaves at the
+speed now, once a period. Racks, their
 power caps and batch moves are the power side's
 (:class:`~planning.racks.RackPlanner`), which it feeds and tells each
 pool's headroom.
@@ -34,12 +38,13 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from statistics import median
 from typing import Any, NamedTuple
 
 from controllers.capacity import (
     CapacityController,
+    CapacityDecision,
     CapacityReason,
     GlobalBudget,
     split_levers,
@@ -171,6 +176,15 @@ class _Pool:
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)  # per replica, this period
     said: CapacityReason | None = None  # the last reason a decision recorded
     room_replicas: float = 0.0  # headroom at the last close, in replicas' worth of slots
+    # a replica's TPOT at a batch of one past this has slowed by more than the speed's
+    # noise (the guard's :meth:`~TpotGuard.slow_mark_s`; None: unknown, or acted on already
+    # this period), the replicas past it in this period, and the replicas read at the last
+    # close: most of them past it is a slowdown, and the budget is cut before the period's
+    # end
+    slow_over_s: float | None = None
+    slowed: set[str] = field(default_factory=set)
+    free_at_close: int = 0
+    slowed_within: bool = False  # a slowdown cut the budget within the period: room read at it
 
 
 class ControlPlanner(ThrottleIssuer):
@@ -322,7 +336,54 @@ class ControlPlanner(ThrottleIssuer):
                     metrics.device_uuid, metrics.model
                 )
             load.add(metrics, self.wiring.tpot_doubling_batch)
+            if pool.slow_over_s is not None and self._slowed(pool, metrics, load):
+                out += self._slowdown_now(metrics.pool, pool, datetime.fromtimestamp(second, UTC))
         return out
+
+    def _slowed(self, pool: _Pool, metrics: ReplicaReading, load: ReplicaLoad) -> bool:
+        """Whether, with this report, most of the replicas the guard reads the pool's speed
+        by have run slower than its noise allows in two of their last three reports this
+        period (one odd report, a sensor's spike, is no slowdown)."""
+        units = load.last_units_s
+        slow = (
+            len(units) >= 2
+            and (pool.slow_over_s or 0.0) < sorted(units)[-2] < self._mark_s()
+            and (load.device_uuid is None or not self.power.holds(load.device_uuid))
+        )
+        if slow:
+            pool.slowed.add(metrics.replica_id)
+        else:
+            pool.slowed.discard(metrics.replica_id)
+        return 2 * len(pool.slowed) > max(1, pool.free_at_close)
+
+    def _slowdown_now(self, name: str, pool: _Pool, at: datetime) -> list[ControlOutput]:
+        """Most of the pool's replicas slowed down within a period: the optional budget goes
+        down at this report to the room the baseline leaves at the speed now (a slowdown
+        that began late in a period showed in one report at its close, and was acted on a
+        whole period later). The batch cap waits for the period's end, where the guard
+        reads the speed as ever: cut at the report, the cap to the speed's ceiling (0.95 of
+        the SLO, under the router's own mark) held back work the queue then carried (held-
+        out seeds 0.296 to 0.330 points under the oracle; the budget alone, 0.299). Once a
+        period; the PID and the windows step at its end."""
+        replicas = list(pool.replicas.values())
+        pool.slow_over_s = None
+        unit, mark = self._speed_now(replicas), pool.guard.slow_mark_s()
+        was = pool.guard.speed_unit_s
+        if unit is None or mark is None or was is None or unit <= mark:
+            return []
+        pool.slowed_within = True
+        _, base = self._load_and_base(replicas, pool.guard.target, now=True)
+        before = pool.capacity.budget
+        room = max(0.0, self.wiring.capacity.load_setpoint_ratio - base)
+        if not pool.capacity.cut_to(room, now=at):
+            return []
+        d = CapacityDecision(
+            room, room, CapacityReason.TOKEN_SPEED,
+            f"the tokens slowed {unit / was - 1:+.0%} within the period: budget {before:.3f} "
+            f"-> {room:.3f}, the room the baseline leaves at the speed now",
+        )  # fmt: skip
+        pool.said = d.reason
+        return [self._budget_output(at, name, d, base, changed=True)]
 
     # -- period ends ----------------------------------------------------------------------
 
@@ -351,29 +412,24 @@ class ControlPlanner(ThrottleIssuer):
         waiting = any(r.batch_peak >= target for r in queues)
         b = self._guard(pool, tpot, replicas, mandatory=before == 0.0, waiting=waiting,
                         queued=bool(queues))  # fmt: skip
+        pool.slow_over_s, pool.slowed = pool.guard.slow_mark_s(), set()
+        pool.free_at_close = sum(1 for r in replicas if self._speed_reader(r))
         # what the pool can run: each replica's batch target, or less where its TPOT would
         # pass the latency setpoint first; and what it held, on average over the period. At
         # the speed over the period; at the speed now in a period the guard saw the tokens
         # slow down (feedforward: a slowdown that began late in the period shrinks the room
         # at this close, not the next; a speed coming back is read over the period, as
         # raising is the risky direction)
-        allowed_s = wiring.capacity.setpoint_ratio * wiring.tpot_slo_s
         moved = pool.guard.speed_moved
-        k, now = wiring.tpot_doubling_batch, moved is not None and moved > 1.0
+        now = (moved is not None and moved > 1.0) or pool.slowed_within
+        pool.slowed_within = False
         if moved is not None and moved < 1.0:
             # the tokens sped up past their noise (a slowdown over, a throttle lifted): the
             # levels in the budget's windows were read in the slots of a slower pool, and a
             # budget sized for their peak would wait out the stabilisation window (then
             # climb back a step at a time) for room that is real now, as after a step down
             pool.capacity.restart_windows()
-        rooms = [r.room(target, k, allowed_s, now=now) for r in replicas]
-        slots = max(1e-9, sum(rooms))
-        load = sum(r.work / r.reports for r in replicas) / slots
-        # the work that is not optional: what the budget must leave room for (feedforward)
-        base = (
-            sum(r.baseline_at(room, k, now=now) for r, room in zip(replicas, rooms, strict=True))
-            / slots
-        )
+        load, base = self._load_and_base(replicas, target, now=now)
         d = pool.capacity.step(
             now=end,
             latency_ratio=None if tpot is None else tpot / wiring.tpot_slo_s,
@@ -400,25 +456,9 @@ class ControlPlanner(ThrottleIssuer):
         # a change is always recorded; a noteworthy hold once, when it starts
         if d.applied != before or (d.reason in NOTEWORTHY and d.reason is not pool.said):
             pool.said = d.reason
-            spend = split_levers(d.applied, base, wiring.levers)
-            out.append(self._output(
-                at, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
-                f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
-                f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
-                Target(pool=name), changed=d.applied != before,
-                extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
-                       "i_term": d.i, "d_term": d.d},
-                params={"optional_budget_ratio": round(d.applied, 4),
-                        "funnel_extra_candidates": round(spend.funnel_extra, 3),
-                        "upgrade_ratio": round(spend.upgrade_ratio, 4)},
-            ))  # fmt: skip
+            out.append(self._budget_output(at, name, d, base, changed=d.applied != before))
         if b.target != b.previous:
-            out.append(self._output(
-                at, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, b.reason.value, b.message,
-                Target(pool=name), changed=True,
-                extra={"desired": float(b.target), "applied": float(b.target)},
-                params={"batch_size_max": b.target},
-            ))  # fmt: skip
+            out.append(self._batch_output(at, name, b))
         # mandatory work waits with no optional work left to give up: capacity is the SLO
         crowded = waiting and before == 0.0 and d.applied == 0.0
         if crowded:
@@ -427,6 +467,48 @@ class ControlPlanner(ThrottleIssuer):
             self.crowded.discard(name)
         out += self._admit_more(name, at)
         return out + self._route_replicas(name, at, replicas, crowded=crowded)
+
+    def _load_and_base(
+        self, replicas: list[ReplicaLoad], target: int, *, now: bool
+    ) -> tuple[float, float]:
+        """The pool's load and its baseline, as shares of what it can run: each replica's
+        batch target, or less where its TPOT would pass the latency setpoint first (at its
+        speed over the period, or ``now``)."""
+        k = self.wiring.tpot_doubling_batch
+        allowed_s = self.wiring.capacity.setpoint_ratio * self.wiring.tpot_slo_s
+        rooms = [r.room(target, k, allowed_s, now=now) for r in replicas]
+        slots = max(1e-9, sum(rooms))
+        load = sum(r.work / r.reports for r in replicas) / slots
+        # the work that is not optional: what the budget must leave room for (feedforward)
+        base = (
+            sum(r.baseline_at(room, k, now=now) for r, room in zip(replicas, rooms, strict=True))
+            / slots
+        )
+        return load, base
+
+    def _budget_output(
+        self, at: datetime, name: str, decision: CapacityDecision, base: float, *, changed: bool
+    ) -> ControlOutput:
+        d, spend = decision, split_levers(decision.applied, base, self.wiring.levers)
+        return self._output(
+            at, name, CAPACITY, ThrottleAction.OPTIONAL_BUDGET, d.reason.value,
+            f"{d.message}; spent as {spend.funnel_extra:.2f} extra candidates per request, "
+            f"{spend.upgrade_ratio:.0%} of requests on the bigger model",
+            Target(pool=name), changed=changed,
+            extra={"desired": d.desired, "applied": d.applied, "p_term": d.p,
+                   "i_term": d.i, "d_term": d.d},
+            params={"optional_budget_ratio": round(d.applied, 4),
+                    "funnel_extra_candidates": round(spend.funnel_extra, 3),
+                    "upgrade_ratio": round(spend.upgrade_ratio, 4)},
+        )  # fmt: skip
+
+    def _batch_output(self, at: datetime, name: str, batch: BatchDecision) -> ControlOutput:
+        return self._output(
+            at, name, TPOT_GUARD, ThrottleAction.BATCH_SIZE, batch.reason.value, batch.message,
+            Target(pool=name), changed=True,
+            extra={"desired": float(batch.target), "applied": float(batch.target)},
+            params={"batch_size_max": batch.target},
+        )  # fmt: skip
 
     def _guard(
         self,
@@ -440,26 +522,42 @@ class ControlPlanner(ThrottleIssuer):
     ) -> BatchDecision:
         """The TPOT guard's step for the period: its batch target."""
         in_use = max((r.batch_peak for r in replicas), default=None)
-        # the pool's speed now: per model, the median replica's TPOT at a batch of one (by
-        # requests: what moves it is pool-wide), over the replicas no power cap holds (a
-        # capped rack's replicas are slower by the cap's doing, and the router's to weight
-        # down, not a reason to cap every replica's batch); the slowest model's
-        free = [r for r in replicas if r.device_uuid is None or not self.power.holds(r.device_uuid)]
-        speeds: dict[str, list[TpotSample]] = {}
-        for r in free:  # a pool every cap holds: the power side's, no speed reading
-            if (unit_s := r.unit_now()) is not None:
-                speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
-        # (a model slower at a batch of one than the mark is past what any cap can do: its
-        # replicas are the router's and the warmer's to answer for, and a pool-wide cap at
-        # the floor for it would only make the other models' work wait)
-        mark_s = self.wiring.tpot_guard.high_ratio * self.wiring.tpot_slo_s
-        units = (_by_requests(s, 0.5) for s in speeds.values())
-        unit = max((u for u in units if u is not None and u < mark_s), default=None)
         return pool.guard.step(
             tpot_p95_s=tpot, slo_s=self.wiring.tpot_slo_s, batch_in_use=in_use, waiting=waiting,
             mandatory=mandatory,  # no optional work admitted: what waits is mandatory
-            unit_tpot_s=unit, queued=queued,
+            unit_tpot_s=self._speed_now(replicas), queued=queued,
         )  # fmt: skip
+
+    def _speed_now(self, replicas: list[ReplicaLoad]) -> float | None:
+        """The pool's speed now: per model, the median replica's TPOT at a batch of one (by
+        requests: what moves it is pool-wide), over the replicas no power cap holds (a
+        capped rack's replicas are slower by the cap's doing, and the router's to weight
+        down, not a reason to cap every replica's batch); the slowest model's. (A model
+        slower at a batch of one than the mark is past what any cap can do: its replicas
+        are the router's and the warmer's to answer for, and a pool-wide cap at the floor
+        for it would only make the other models' work wait.)"""
+        speeds: dict[str, list[TpotSample]] = {}
+        for r in replicas:  # a pool every cap holds: the power side's, no speed reading
+            free = r.device_uuid is None or not self.power.holds(r.device_uuid)
+            if free and (unit_s := r.unit_now()) is not None:
+                speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
+        mark_s = self._mark_s()
+        units = (_by_requests(s, 0.5) for s in speeds.values())
+        return max((u for u in units if u is not None and u < mark_s), default=None)
+
+    def _speed_reader(self, replica: ReplicaLoad) -> bool:
+        """Whether the pool's speed is read by this replica: no cap holds it, and its model
+        is not past the mark at a batch of one."""
+        unit_s, device = replica.unit_now(), replica.device_uuid
+        return (
+            unit_s is not None
+            and unit_s < self._mark_s()
+            and (device is None or not self.power.holds(device))
+        )
+
+    def _mark_s(self) -> float:
+        """The TPOT the guard's ceiling is set at: ``high_ratio`` of the SLO."""
+        return self.wiring.tpot_guard.high_ratio * self.wiring.tpot_slo_s
 
     def _route_caps(self, outputs: list[ControlOutput]) -> list[ControlOutput]:
         """Each cap the power side just set under a device's draw: that replica's weight."""

@@ -152,8 +152,9 @@ def test_a_pool_over_its_tpot_slo_gives_optional_work_back_and_cuts_its_batch() 
     # tokens 1.52x slower (20 ms at a batch of one, then 30.5): the cap follows the speed at
     # the close it shows, to 128 * (0.95 * 50 / 30.5 - 1) = 71 (TPOT under 0.95 of the SLO
     # by the planner's model), then TPOT still over the SLO cuts 20%
-    speed = next(o for o in made if o.decision.reason == "token_speed")
-    cut = next(o for o in made if o.decision.reason == "tpot_high")
+    guard = [o for o in made if o.decision.controller == "tpot_guard"]
+    speed = next(o for o in guard if o.decision.reason == "token_speed")
+    cut = next(o for o in guard if o.decision.reason == "tpot_high")
     assert isinstance(speed.command, ThrottleCommand) and speed.command.batch_size_max == 71
     assert isinstance(cut.command, ThrottleCommand) and cut.command.batch_size_max == 56
 
@@ -776,23 +777,48 @@ def test_a_batch_cap_a_slowdown_cut_comes_back_under_the_region_s_next_owner(
     ]
 
 
-def test_a_slowdown_the_guard_sees_cuts_the_budget_at_the_same_close() -> None:
+def test_a_slowdown_cuts_the_budget_at_the_report_that_shows_it() -> None:
     # a replica at batch 64 with half its requests optional, 2.2x slower from the period's
     # last two seconds: the room at the speed now (128 * (0.9 * 60 / 39.6 - 1) = 47 of the
-    # 256 the cap allows) is under the batch it runs, and the budget is cut at that close,
-    # not at the next (the period's mean speed is hardly slower)
+    # 256 the cap allows) is under the batch it runs, and the budget is cut at the second
+    # slow report, before the period's end (whose mean speed is hardly slower)
     steady = _speed_decisions(lambda k: 0.018, controller="capacity", optional=5)
     slowed = _speed_decisions(
         lambda k: 0.0396 if k >= 78 else 0.018, controller="capacity", optional=5
     )
     assert steady[-1].applied is not None and steady[-1].applied > 0  # optional work admitted
-    grown = [d for d in slowed if d.decided_at - START < timedelta(seconds=80)]
+    grown = [d for d in slowed if d.decided_at - START < timedelta(seconds=79)]
     same = [(d.decided_at, d.applied) for d in steady[: len(grown)]]
     assert [(d.decided_at, d.applied) for d in grown] == same  # until the slowdown shows
-    after = [d for d in slowed if d.decided_at - START >= timedelta(seconds=80)]
-    assert after[0].decided_at - START == timedelta(seconds=80), after[0]
+    after = [d for d in slowed if d.decided_at - START >= timedelta(seconds=79)]
+    assert (after[0].decided_at - START, after[0].reason) == (timedelta(seconds=79), "token_speed")
     assert after[0].applied is not None and grown[-1].applied is not None
     assert after[0].applied < grown[-1].applied, (after[0].message, grown[-1].message)
+    # the PID and the windows step at the period's end as ever, from the budget cut to: a
+    # rise past it waits out the stabilisation window, as after a cut at a close
+    assert all(
+        d.applied is not None and d.applied <= after[0].applied
+        for d in after[1:]
+        if d.decided_at - START < timedelta(seconds=79 + 120)
+    ), [(d.decided_at, d.applied) for d in after]
+    # 2.8x slower from the period's last second: its close reads one slow report (a sensor
+    # spike's worth), so the cut comes at the next period's second report, 2 s after the
+    # slowdown began, not at that period's end, 11 s after; the room at 50 ms (a batch of
+    # 10) holds less than the baseline's 32 sequences: no optional work
+    late = _speed_decisions(lambda k: 0.05 if k >= 79 else 0.018, controller="capacity", optional=5)
+    cut = next(d for d in late if d.reason == "token_speed")
+    assert (cut.decided_at - START, cut.reason, cut.applied) == (
+        timedelta(seconds=81),
+        "token_speed",
+        0.0,
+    )
+    # one report 3x slow, first, in the middle or last of a period, cuts nothing early
+    for spike in (70, 71, 75, 79):
+        odd = _speed_decisions(
+            partial(lambda at, k: 0.018 * (3 if k == at else 1), spike),
+            controller="capacity", optional=5,
+        )  # fmt: skip
+        assert all(d.reason != "token_speed" for d in odd), spike
 
 
 def test_node_tick_envelopes_make_the_decisions_their_flat_samples_make() -> None:

@@ -258,6 +258,7 @@ def test_a_slowdown_of_one_second_is_scored_not_a_crash() -> None:
     tally = Tally(
         budgets=[(float(t), 0.3) for t in range(10, 301, 10)],
         record=[(float(t), True, True, 256) for t in range(10, 301, 10)],
+        changes=[(0.0, 0.3, 256)],
     )
     out = _slowdown_response(scn, tally)
     # never cut and the SLO held throughout: no need; the cap (256) was over what a 5%
@@ -284,6 +285,7 @@ def test_slowdowns_that_overlap_are_scored_as_the_one_slowdown_the_pool_runs_at(
         budgets=[(float(t), 0.3 if t < 110 else 0.1) for t in range(10, 1001, 10)],
         record=[(float(t), not 100 < t <= 520, not 100 < t <= 510, 256)
                 for t in range(10, 1001, 10)],
+        changes=[(0.0, 0.3, 256), (110.0, 0.1, 256)],
     )  # fmt: skip
     out = _slowdown_response(scn, tally)
     # the second's cut is no "never": it needed none (before, never cut for it at all)
@@ -292,6 +294,31 @@ def test_slowdowns_that_overlap_are_scored_as_the_one_slowdown_the_pool_runs_at(
     # 400 s, while the second still slowed it, it read 12), the oracle for one
     assert out["breach_after_slowdown_periods"] == 2
     assert out["breach_after_slowdown_periods_oracle"] == 1
+
+
+def test_a_slowdown_s_cut_is_timed_to_the_second_not_to_the_period_s_edges() -> None:
+    """A slowdown that began 1.5 s before a period's end: a cut 3 s after it began (within
+    the next period, at the report that showed it) is within one period; the same cut at
+    the close after that, 11.5 s on, is two. Counted in period edges, both read two."""
+    from evaluations.control import Tally, _slowdown_response
+    from evaluations.control_scenario import ControlEvent, ControlScenario, Segment
+
+    scn = ControlScenario(
+        name="x", duration_s=300, baseline=[Segment(at_s=0, level=0.3)],
+        events=[ControlEvent(at_s=98.5, kind="slowdown", duration_s=60, ratio=1.4)],
+    )  # fmt: skip
+
+    def periods(cut_at: float) -> tuple[int, int]:
+        tally = Tally(
+            budgets=[(float(t), 0.3 if t < cut_at else 0.1) for t in range(0, 300, 10)],
+            record=[(float(t), True, True, 256) for t in range(10, 301, 10)],
+            changes=[(0.0, 0.3, 256), (cut_at, 0.1, 161)],
+        )
+        out = _slowdown_response(scn, tally)
+        return out["slowdown_budget_cut_periods"], out["slowdown_batch_cut_periods"]
+
+    assert periods(101.0) == (1, 1)
+    assert periods(110.0) == (2, 2)
 
 
 def test_periods_short_of_the_oracle_are_told_apart_by_what_put_them_out() -> None:
