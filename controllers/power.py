@@ -401,6 +401,11 @@ class PowerController:
             move_batch_watts=moved, projected_watts=projected, short_watts=short,
         )  # fmt: skip
 
+    def expect(self, watts: float) -> None:
+        """A rise of up to ``watts`` in the next two periods is known, not a trend of the
+        load: the tokens of a pool the rack serves sped up, and its queue surges through."""
+        self._expect(watts)
+
     def _expect(self, watts: float) -> None:
         """A rise of up to ``watts`` in the next two periods is ours, not the load's."""
         self.pending_watts, self.pending_periods = self.pending_watts + max(0.0, watts), 2

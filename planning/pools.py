@@ -429,6 +429,7 @@ class ControlPlanner(ThrottleIssuer):
             # budget sized for their peak would wait out the stabilisation window (then
             # climb back a step at a time) for room that is real now, as after a step down
             pool.capacity.restart_windows()
+            self.power.expect_surge(name)
         load, base = self._load_and_base(replicas, target, now=now)
         d = pool.capacity.step(
             now=end,

@@ -167,6 +167,18 @@ class RackPlanner(ThrottleIssuer):
                     out.setdefault(pool, rack_id)
         return out
 
+    def expect_surge(self, pool: str) -> None:
+        """The pool's tokens sped up: each rack serving it may draw up to its devices'
+        room under their caps more, and that rise is known, not a trend."""
+        for rack_id, rack in self.racks.items():
+            room = sum(
+                max(0.0, d.cap_watts - d.draw_watts)
+                for d in (self.devices[u] for u in self.rack_devices.get(rack_id, ()))
+                if d.pool == pool
+            )
+            if room > 0:
+                rack.power.expect(room)
+
     def rack_of(self, device_uuid: str | None) -> str | None:
         d = self.devices.get(device_uuid or "")
         return None if d is None else d.rack_id

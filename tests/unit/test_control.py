@@ -733,6 +733,26 @@ def test_power_one_noisy_rise_is_watched_two_are_a_trend() -> None:
     assert now_over.actions and now_over.projected_watts == pytest.approx(5800)
 
 
+def test_power_sheds_a_surge_it_was_told_of_for_the_draw_not_for_the_step_again() -> None:
+    # a rack at 4100 W of a 5000 W limit (target 4875 W) whose pool's tokens speed up as a
+    # slowdown ends: the queue surges through and the draw steps to 4950 W. Unannounced,
+    # the step is a trend: shed for the draw plus the step again (925 W over the target).
+    # Announced (the planner saw the speed come back), the step is known: shed for what
+    # the draw itself puts over the target, 75 W
+    def shed(told: float) -> float:
+        ctl = PowerController(PowerConfig())
+        ctl.step(now=at(0.0), draw_watts=4100, limit_watts=5000, devices=_rack(450))
+        ctl.expect(told)
+        plan = ctl.step(now=at(1.0), draw_watts=4950, limit_watts=5000, devices=_rack(560))
+        assert plan.reason is PowerReason.OVER_TARGET
+        return sum(560 - a.watts for a in plan.actions if a.watts is not None)
+
+    assert shed(0.0) == pytest.approx(4950 + 850 - 4875, abs=1)
+    assert shed(2000.0) == pytest.approx(4950 - 4875, abs=1)
+    # told of less than came: the rest is a trend as ever
+    assert shed(400.0) == pytest.approx(4950 + 450 - 4875, abs=1)
+
+
 def test_power_lifts_when_the_room_covers_it_and_knows_its_own_rise() -> None:
     # a rack held near its old target after its feed comes back: 4700 W of a 5780 W limit
     # is over the release line (0.8) but the room under the target covers a lift
