@@ -372,7 +372,7 @@ class CapacityController:
         step makes. False if the budget was at or under it already."""
         if not self.limit(max(0.0, ratio)):
             return False
-        self.stabiliser.recent.append((now, self.budget))
+        self.stabiliser.note(self.budget, now=now)
         return True
 
     def _stale_or_hold(self, now: datetime) -> CapacityDecision:

@@ -310,7 +310,7 @@ class PowerController:
             self.calm += 1
             if self.calm >= c.hold_periods and not held and 0 < self.batch_off_watts <= room:
                 back, self.batch_off_watts, self.calm = self.batch_off_watts, 0.0, 0
-                self._expect(back)
+                self.expect(back)
                 return PowerPlan((), PowerReason.HEADROOM,
                                  f"{room:.0f} W of room: {back:.0f} W of batch work back",
                                  return_batch_watts=back, projected_watts=projected)  # fmt: skip
@@ -403,11 +403,8 @@ class PowerController:
 
     def expect(self, watts: float) -> None:
         """A rise of up to ``watts`` in the next two periods is known, not a trend of the
-        load: the tokens of a pool the rack serves sped up, and its queue surges through."""
-        self._expect(watts)
-
-    def _expect(self, watts: float) -> None:
-        """A rise of up to ``watts`` in the next two periods is ours, not the load's."""
+        load: ours (a lift, batch work brought back), or the planner's to foresee (the
+        tokens of a pool the rack serves sped up, and its queue surges through)."""
         self.pending_watts, self.pending_periods = self.pending_watts + max(0.0, watts), 2
 
     def _lift(
@@ -435,7 +432,7 @@ class PowerController:
             )
             return PowerPlan((), PowerReason.HOLD, f"headroom, {why}",
                              projected_watts=projected)  # fmt: skip
-        self._expect(start - max(room, 0.0))
+        self.expect(start - max(room, 0.0))
         sized = ", sized for the draw now: baseline work waits" if waiting else ""
         return PowerPlan(tuple(actions), PowerReason.HEADROOM,
                          f"projected {projected:.0f} W: {len(actions)} device(s) lifted{sized}",

@@ -77,6 +77,11 @@ class Stabiliser:
         """Start the window again (the conditions it was holding out against are gone)."""
         self.recent.clear()
 
+    def note(self, value: float, *, now: datetime) -> None:
+        """Remember ``value`` as if a step had wanted it at ``now`` (a cut made between
+        steps: a rise past it waits out the window, as after one a step makes)."""
+        self.recent.append((now, value))
+
     def __call__(
         self, value: float, *, current: float, now: datetime
     ) -> tuple[float, StageReason | None]:

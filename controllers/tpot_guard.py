@@ -342,12 +342,16 @@ class TpotGuard:
         """The TPOT at a batch of one past which the token speed has slowed by more than
         its noise, as the next step would judge it (None: no speed known yet, or too little
         of its jitter to judge by): what the control planner watches for within a period."""
-        c = self.config
-        if self.speed_unit_s is None or len(self.jitter) < c.speed_min_history:
+        if self.speed_unit_s is None or len(self.jitter) < self.config.speed_min_history:
             return None
-        return self.speed_unit_s * math.exp(
-            max(c.speed_tolerance, c.speed_noise_multiple * self._jitter_sigma())
-        )
+        return self.speed_unit_s * math.exp(self._speed_noise())
+
+    def _speed_noise(self) -> float:
+        """How far (as a log ratio) the token speed must move to be taken for a move:
+        ``speed_noise_multiple`` robust deviations of its jitter, and ``speed_tolerance`` at
+        least."""
+        c = self.config
+        return max(c.speed_tolerance, c.speed_noise_multiple * self._jitter_sigma())
 
     def _queue_mark(self) -> float:
         """How near the SLO a raise for waiting mandatory work may take TPOT: under it by
@@ -387,9 +391,8 @@ class TpotGuard:
             return None
         if len(self.jitter) < c.speed_min_history:
             return None
-        sigma = self._jitter_sigma()
         moved = math.log(unit_s / self.speed_unit_s)
-        if abs(moved) <= max(c.speed_tolerance, c.speed_noise_multiple * sigma):
+        if abs(moved) <= self._speed_noise():
             return None
         change = f"{math.exp(moved) - 1:+.0%} since it was last set"
         self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s

@@ -321,9 +321,6 @@ class Tally:
     held_device_s: int = 0  # device-seconds a cap or low-clock mode held a device down
     held_over_slo_s: int = 0  # of those, the ones its TPOT was over the SLO
     decisions: dict[str, int] = field(default_factory=dict)  # ours: "controller/reason" -> n
-    # ours: the budget in force as the period began (the planner decides at a period's
-    # close, the first event of the next; and, for a slowdown it sees, within one)
-    period_budget: float = 0.0
     # (second, budget, batch cap) each time either changed, in order: when a lever moved,
     # to the second (the planner may act within a period: a slowdown it sees at once)
     changes: list[tuple[float, float, int]] = field(default_factory=list)
@@ -389,8 +386,6 @@ def run_policy(scn: ControlScenario, name: str) -> Tally:
                 plant.reset(r)
         acted = policy.power(t, sec, limits, plant)
         _changed(tally, float(t), policy.budget, plant.batch_target)
-        if t % period == 0:
-            tally.period_budget = policy.budget
         seconds.append(sec)
         if (t + 1) % period == 0:
             acted += _end_period(scn, policy, plant, seconds, t + 1, tally)
@@ -480,7 +475,8 @@ def _end_period(
     # it saw within the period: that is the next period's entry, as a cut at this period's
     # end would be; the slowdown's own figures are timed to the second, from ``changes``)
     if isinstance(policy, Production):
-        tally.budgets.append((now - max(1, round(scn.period_s)), tally.period_budget))
+        began = now - max(1, round(scn.period_s))
+        tally.budgets.append((began, next(b for t, b, _ in reversed(tally.changes) if t <= began)))
     else:
         tally.budgets.append((now, policy.budget))
     return acted

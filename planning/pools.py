@@ -348,7 +348,7 @@ class ControlPlanner(ThrottleIssuer):
         slow = (
             len(units) >= 2
             and (pool.slow_over_s or 0.0) < sorted(units)[-2] < self._mark_s()
-            and (load.device_uuid is None or not self.power.holds(load.device_uuid))
+            and self._uncapped(load)
         )
         if slow:
             pool.slowed.add(metrics.replica_id)
@@ -539,8 +539,7 @@ class ControlPlanner(ThrottleIssuer):
         for it would only make the other models' work wait.)"""
         speeds: dict[str, list[TpotSample]] = {}
         for r in replicas:  # a pool every cap holds: the power side's, no speed reading
-            free = r.device_uuid is None or not self.power.holds(r.device_uuid)
-            if free and (unit_s := r.unit_now()) is not None:
+            if self._uncapped(r) and (unit_s := r.unit_now()) is not None:
                 speeds.setdefault(r.model, []).append(TpotSample(unit_s, max(r.requests, 1)))
         mark_s = self._mark_s()
         units = (_by_requests(s, 0.5) for s in speeds.values())
@@ -549,12 +548,12 @@ class ControlPlanner(ThrottleIssuer):
     def _speed_reader(self, replica: ReplicaLoad) -> bool:
         """Whether the pool's speed is read by this replica: no cap holds it, and its model
         is not past the mark at a batch of one."""
-        unit_s, device = replica.unit_now(), replica.device_uuid
-        return (
-            unit_s is not None
-            and unit_s < self._mark_s()
-            and (device is None or not self.power.holds(device))
-        )
+        unit_s = replica.unit_now()
+        return unit_s is not None and unit_s < self._mark_s() and self._uncapped(replica)
+
+    def _uncapped(self, replica: ReplicaLoad) -> bool:
+        """Whether no power cap or low clock of ours holds the replica's device."""
+        return replica.device_uuid is None or not self.power.holds(replica.device_uuid)
 
     def _mark_s(self) -> float:
         """The TPOT the guard's ceiling is set at: ``high_ratio`` of the SLO."""
