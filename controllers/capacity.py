@@ -23,7 +23,11 @@ not optional):
    once; a step down, a reading ``step_down_ratio`` under the window's busiest
    and ``step_down_sigmas`` standard deviations under its mean, is taken at
    once and restarts the window, as :meth:`CapacityController.restart_windows`
-   does when the planner sees the pool's tokens speed up; a ramp down, where a
+   does when the planner sees the pool's tokens speed up; the readings after a
+   restart settle it: while each falls under the one before by more than twice the
+   noise of a reading's change before the restart (robust: the median absolute
+   change), the one before was a blend of the levels, or a queue draining, and
+   leaves the windows too; a ramp down, where a
    falling line explains ``ramp_fit`` of the window's variance, is sized for
    that line now plus twice its residual spread, and restarts the window
    too), plus a PID (:mod:`controllers.pid`) on ``setpoint_ratio - trend``
@@ -148,6 +152,12 @@ class CapacityController:
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
         self.baselines: deque[tuple[datetime, float]] = deque()
         self.levels: deque[tuple[datetime, float]] = deque()  # the trend's, by period
+        # since the windows last started again: the latest reading (None before the first)
+        # and the noise of a reading's change before they did. A period that a step or a
+        # speed-up came within reads a blend of the two levels, and the next ones may still
+        # drain a queue: while each reading falls past that noise, the one before was not
+        # the new level
+        self.settling: tuple[float | None, float] | None = None
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
@@ -163,6 +173,7 @@ class CapacityController:
             "baselines": [[_at(t), b] for t, b in self.baselines],
             "levels": [[_at(t), b] for t, b in self.levels],
             "stabiliser": [[_at(t), v] for t, v in self.stabiliser.recent],
+            "settling": None if self.settling is None else list(self.settling),
             "rate_at": _at(self.rate.last_at),
             "fresh_at": _at(self.fresh_at),
             "stale_from": None if self.stale_from is None
@@ -187,6 +198,8 @@ class CapacityController:
             levels = _series(memory["levels"])
             window = _series(memory["stabiliser"])
             rate_at, fresh_at = maybe_instant(memory["rate_at"]), maybe_instant(memory["fresh_at"])
+            held = memory.get("settling")  # absent from a memory written before it was kept
+            settling = None if held is None else (_float(held[0]), float(held[1]))
             stale = memory["stale_from"]
             stale_from = None if stale is None else _series([stale])[0]
         except (KeyError, TypeError, ValueError) as exc:
@@ -199,6 +212,7 @@ class CapacityController:
         self.baselines, self.levels = deque(baselines), deque(levels)
         self.stabiliser.recent = deque(window)
         self.rate.last_at, self.fresh_at, self.stale_from = rate_at, fresh_at, stale_from
+        self.settling = settling
 
     def step(
         self,
@@ -243,11 +257,18 @@ class CapacityController:
             # once: up, it is the level now; down, the windows start again
             mean, spread = self._swing(now)
             peak = self._peak(now, default=baseline_ratio)
+            settling, self.settling = self.settling, None
             if self._stepped_down(baseline_ratio, peak, mean - c.step_down_sigmas * spread):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
                 self.restart_windows()
+            elif settling is not None and _still_falling(baseline_ratio, *settling):
+                if settling[0] is not None:  # the reading before was a blend: not the level
+                    self._clear_windows()
+                self.settling = settling
             self.baselines.append((now, baseline_ratio))
+            if self.settling is not None:
+                self.settling = (baseline_ratio, self.settling[1])
             level = median(b for _, b in itertools.islice(reversed(self.baselines), c.trend_window))
             if baseline_ratio > mean + c.step_down_sigmas * spread:
                 level = max(level, baseline_ratio)
@@ -289,7 +310,14 @@ class CapacityController:
     def restart_windows(self) -> None:
         """Start the baseline's windows and the stabiliser again: what they held out
         against is gone (the load stepped down, or the pool's tokens sped up past their
-        noise), and the room it leaves is real now. The PID keeps what it learned."""
+        noise), and the room it leaves is real now. The PID keeps what it learned. The
+        readings that follow settle it: while each falls past the noise of a reading's
+        change before the restart, the one before it leaves the windows too."""
+        noise = _change_noise([b for _, b in self.baselines])
+        self._clear_windows()
+        self.settling = None if noise is None else (None, noise)
+
+    def _clear_windows(self) -> None:
         self.baselines.clear()
         self.levels.clear()
         self.stabiliser.forget()
@@ -528,3 +556,19 @@ class GlobalBudget:
         """Forget what ``pools`` held here: another process plans them now."""
         for pool in pools:
             self.held.pop(pool, None)
+
+
+def _change_noise(readings: list[float]) -> float | None:
+    """The standard deviation of a reading's change from the one before, from the median
+    absolute change (robust to the step or the trend a window may hold); None with fewer
+    than two readings."""
+    if len(readings) < 2:
+        return None
+    return 1.4826 * median(abs(b - a) for a, b in itertools.pairwise(readings))
+
+
+def _still_falling(reading: float, latest: float | None, noise: float) -> bool:
+    """Whether the windows, started again, are still settling at ``reading``: it is the
+    first since they did, or it falls under the one before by more than twice the noise
+    of a reading's change."""
+    return latest is None or reading < latest - 2.0 * noise

@@ -645,12 +645,19 @@ def test_retry_budget_and_circuit_breaker() -> None:
 
 
 def _feedforward(
-    baselines: list[float], cfg: CapacityConfig | None = None, latency_per_load: float = 0.4
+    baselines: list[float],
+    cfg: CapacityConfig | None = None,
+    latency_per_load: float = 0.4,
+    restart_at: int | None = None,
 ) -> list[float]:
-    """A closed loop on a toy pool: its load is the baseline plus the budget in force."""
+    """A closed loop on a toy pool: its load is the baseline plus the budget in force.
+    ``restart_at``: the period before which the planner starts the windows again (as it
+    does when the pool's tokens speed up)."""
     c = CapacityController(cfg or CapacityConfig())
     out = []
     for k, b in enumerate(baselines):
+        if k == restart_at:
+            c.restart_windows()
         load = b + c.budget
         latency = 0.5 + latency_per_load * load
         d = c.step(now=at((k + 1) * PERIOD), latency_ratio=latency, load_ratio=load,
@@ -688,6 +695,38 @@ def test_a_noisy_trough_is_not_a_step_down_and_a_step_still_is() -> None:
     step = [0.6 * n for n in noise[:60]] + [0.45 * n for n in noise[60:70]]
     budgets = _feedforward(step)
     assert budgets[60] > budgets[59]
+
+
+def test_a_step_down_within_a_period_is_sized_for_the_level_after_it() -> None:
+    # a 25% step down that comes halfway through a period: that period reads a blend of the
+    # two levels (0.51); the next reads the new level, and the budget takes its room then,
+    # not a stabilisation window later (the blend is no dip that may come back)
+    rng = random.Random(3)
+    noise = [1 + rng.gauss(0.0, 0.01) for _ in range(80)]
+    budgets = _feedforward([0.6 * n for n in noise[:60]] + [0.51]
+                           + [0.45 * n for n in noise[61:]])  # fmt: skip
+    assert budgets[63] == pytest.approx(0.99 - 0.45, abs=0.01), budgets[58:]
+    # through the same noise with no blend, the period after a step takes nothing more
+    sharp = _feedforward([0.6 * n for n in noise[:60]] + [0.45 * n for n in noise[60:]])
+    assert sharp[63] == pytest.approx(0.99 - 0.45, abs=0.01)
+    assert max(sharp[60:]) - min(sharp[63:]) < 0.02
+
+
+def test_after_a_speed_up_the_windows_settle_on_the_level_the_drain_falls_to() -> None:
+    # a slowdown raised the baseline's share of the slots (0.6 -> 0.8); as the tokens speed
+    # up the planner starts the windows again, and the next readings still fall (a blend,
+    # then the queue draining): the budget is sized for where they settle, within the
+    # rate limit, not held for the window at the first reading after the speed-up
+    rng = random.Random(5)
+    noise = [1 + rng.gauss(0.0, 0.01) for _ in range(90)]
+    levels = [0.6] * 40 + [0.8] * 10 + [0.78, 0.7] + [0.6] * 38
+    readings = [b * n for b, n in zip(levels, noise, strict=True)]
+    budgets = _feedforward(readings, restart_at=50)
+    assert budgets[57] == pytest.approx(0.99 - 0.6, abs=0.015), budgets[48:60]
+    # a level that holds after the speed-up is one reading's noise from the window's peak
+    quiet = _feedforward([b * n for b, n in zip([0.6] * 40 + [0.8] * 10 + [0.62] * 40,
+                                                noise, strict=True)], restart_at=50)  # fmt: skip
+    assert quiet[57] <= 0.99 - 0.62 + 0.015 and quiet[80] <= quiet[57] + 0.01
 
 
 def test_feedforward_follows_a_ramp_down_without_waiting_out_the_window() -> None:
