@@ -712,6 +712,34 @@ def test_a_step_down_within_a_period_is_sized_for_the_level_after_it() -> None:
     assert max(sharp[60:]) - min(sharp[63:]) < 0.02
 
 
+def test_a_capacity_controller_handed_over_while_its_windows_settle_goes_on_as_one() -> None:
+    # handed over (through JSON) between a step's blended reading and the level after it:
+    # the next owner settles the windows as the first would have; a memory written before
+    # the settling was kept is still read, and then the blend holds the budget a window
+    rng = random.Random(3)
+    readings = [0.6 * (1 + rng.gauss(0.0, 0.01)) for _ in range(60)] + [0.51] + [0.45] * 12
+
+    def run(handed_at: int | None, *, old_memory: bool = False) -> list[float]:
+        ctl = CapacityController(CapacityConfig())
+        out = []
+        for k, b in enumerate(readings):
+            if k == handed_at:
+                memory = json.loads(json.dumps(ctl.remember()))
+                if old_memory:
+                    del memory["settling"]
+                ctl = CapacityController(CapacityConfig())
+                ctl.recall(memory)
+            load = b + ctl.budget
+            d = ctl.step(now=at((k + 1) * PERIOD), latency_ratio=0.5 + 0.4 * load,
+                         load_ratio=load, baseline_ratio=b)  # fmt: skip
+            out.append(d.applied)
+        return out
+
+    alone = run(None)
+    assert run(61) == alone
+    assert run(61, old_memory=True)[65] < alone[65] - 0.03
+
+
 def test_after_a_speed_up_the_windows_settle_on_the_level_the_drain_falls_to() -> None:
     # a slowdown raised the baseline's share of the slots (0.6 -> 0.8); as the tokens speed
     # up the planner starts the windows again, and the next readings still fall (a blend,
