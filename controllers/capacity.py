@@ -152,12 +152,12 @@ class CapacityController:
         self.recent: deque[tuple[float, float]] = deque(maxlen=c.trend_window)
         self.baselines: deque[tuple[datetime, float]] = deque()
         self.levels: deque[tuple[datetime, float]] = deque()  # the trend's, by period
-        # since the windows last started again: the latest reading (None before the first)
-        # and the noise of a reading's change before they did. A period that a step or a
-        # speed-up came within reads a blend of the two levels, and the next ones may still
-        # drain a queue: while each reading falls past that noise, the one before was not
-        # the new level
-        self.settling: tuple[float | None, float] | None = None
+        # while the windows settle after a restart, the noise of a reading's change before
+        # it (None: settled). A period that a step or a speed-up came within reads a blend of
+        # the two levels, and the next ones may still drain a queue: while each reading falls
+        # past that noise under the one before (the windows' latest), that one was not the
+        # new level
+        self.settle_noise: float | None = None
         self.budget = 0.0
         self.fresh_at: datetime | None = None
         self.stale_from: tuple[datetime, float] | None = None  # (when, budget then)
@@ -173,7 +173,7 @@ class CapacityController:
             "baselines": [[_at(t), b] for t, b in self.baselines],
             "levels": [[_at(t), b] for t, b in self.levels],
             "stabiliser": [[_at(t), v] for t, v in self.stabiliser.recent],
-            "settling": None if self.settling is None else list(self.settling),
+            "settle_noise": self.settle_noise,
             "rate_at": _at(self.rate.last_at),
             "fresh_at": _at(self.fresh_at),
             "stale_from": None if self.stale_from is None
@@ -198,8 +198,8 @@ class CapacityController:
             levels = _series(memory["levels"])
             window = _series(memory["stabiliser"])
             rate_at, fresh_at = maybe_instant(memory["rate_at"]), maybe_instant(memory["fresh_at"])
-            held = memory.get("settling")  # absent from a memory written before it was kept
-            settling = None if held is None else (_float(held[0]), float(held[1]))
+            # absent from a memory written before it was kept
+            settle_noise = _float(memory.get("settle_noise"))
             stale = memory["stale_from"]
             stale_from = None if stale is None else _series([stale])[0]
         except (KeyError, TypeError, ValueError) as exc:
@@ -212,7 +212,7 @@ class CapacityController:
         self.baselines, self.levels = deque(baselines), deque(levels)
         self.stabiliser.recent = deque(window)
         self.rate.last_at, self.fresh_at, self.stale_from = rate_at, fresh_at, stale_from
-        self.settling = settling
+        self.settle_noise = settle_noise
 
     def step(
         self,
@@ -257,18 +257,18 @@ class CapacityController:
             # once: up, it is the level now; down, the windows start again
             mean, spread = self._swing(now)
             peak = self._peak(now, default=baseline_ratio)
-            settling, self.settling = self.settling, None
+            noise, self.settle_noise = self.settle_noise, None
             if self._stepped_down(baseline_ratio, peak, mean - c.step_down_sigmas * spread):
                 # too far under the window's busiest for a dip that comes back: the load
                 # stepped down, and the room is real now (the windows start again)
                 self.restart_windows()
-            elif settling is not None and _still_falling(baseline_ratio, *settling):
-                if settling[0] is not None:  # the reading before was a blend: not the level
-                    self._clear_windows()
-                self.settling = settling
+            elif noise is not None:  # settling: the windows hold only readings since then
+                if not self.baselines:
+                    self.settle_noise = noise  # the first reading since the restart
+                elif baseline_ratio < self.baselines[-1][1] - 2.0 * noise:
+                    self._clear_windows()  # the reading before was a blend: not the level
+                    self.settle_noise = noise
             self.baselines.append((now, baseline_ratio))
-            if self.settling is not None:
-                self.settling = (baseline_ratio, self.settling[1])
             level = median(b for _, b in itertools.islice(reversed(self.baselines), c.trend_window))
             if baseline_ratio > mean + c.step_down_sigmas * spread:
                 level = max(level, baseline_ratio)
@@ -315,7 +315,7 @@ class CapacityController:
         change before the restart, the one before it leaves the windows too."""
         noise = _change_noise([b for _, b in self.baselines])
         self._clear_windows()
-        self.settling = None if noise is None else (None, noise)
+        self.settle_noise = noise
 
     def _clear_windows(self) -> None:
         self.baselines.clear()
@@ -565,10 +565,3 @@ def _change_noise(readings: list[float]) -> float | None:
     if len(readings) < 2:
         return None
     return 1.4826 * median(abs(b - a) for a, b in itertools.pairwise(readings))
-
-
-def _still_falling(reading: float, latest: float | None, noise: float) -> bool:
-    """Whether the windows, started again, are still settling at ``reading``: it is the
-    first since they did, or it falls under the one before by more than twice the noise
-    of a reading's change."""
-    return latest is None or reading < latest - 2.0 * noise

@@ -726,7 +726,7 @@ def test_a_capacity_controller_handed_over_while_its_windows_settle_goes_on_as_o
             if k == handed_at:
                 memory = json.loads(json.dumps(ctl.remember()))
                 if old_memory:
-                    del memory["settling"]
+                    del memory["settle_noise"]
                 ctl = CapacityController(CapacityConfig())
                 ctl.recall(memory)
             load = b + ctl.budget
