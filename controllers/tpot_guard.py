@@ -57,8 +57,12 @@ ceiling moves at once to the largest batch whose TPOT stays under
 slo / unit - 1)`` (``token_speed``): a slowdown cuts the cap to it in the
 period it shows, with no cut on top until the trend holds only readings
 taken at the new cap, and no raise past it; the speed coming back returns
-the cap it cut. The first reading sets the speed it starts from and the
-ceiling, not the cap (a cut from above it stops at it). A step
+the cap it cut. Coming back to the speed it left, a level known, it is told
+from the slowed one by their gap and one reading's noise (a CUSUM of the
+two levels' likelihood ratio, at ``speed_back_alpha``), not by the noise a
+move to an unknown level must pass: a jitter that a rack's caps raise past a
+small slowdown's size would hide its end. The first reading sets the speed it
+starts from and the ceiling, not the cap (a cut from above it stops at it). A step
 that sees the speed move says by how much (``speed_moved``, the new unit TPOT
 over the old): the control planner sizes the optional-work budget's room at
 the speed now in a period the tokens slowed down.
@@ -71,6 +75,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -115,6 +120,8 @@ class TpotGuardConfig:
     speed_noise_multiple: float = 4.0
     speed_history: int = 30  # periods of jitter it estimates that from
     speed_min_history: int = 5  # periods before the first change is judged
+    # the chance the return test reads a slowdown still on as over
+    speed_back_alpha: float = 0.001
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -133,6 +140,8 @@ class TpotGuardConfig:
             raise ValueError("speed_tolerance and speed_noise_multiple > 0")
         if not 1 <= self.speed_min_history <= self.speed_history:
             raise ValueError("1 <= speed_min_history <= speed_history")
+        if not 0 < self.speed_back_alpha < 1:
+            raise ValueError("0 < speed_back_alpha < 1: the return test's error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,10 @@ class TpotGuard:
         self.recent: deque[float] = deque(maxlen=config.trend_window)
         self.ceiling = config.max_batch  # the largest batch under the mark at the last speed
         self.speed_unit_s: float | None = None  # the token speed the ceiling was set at
+        # the speed before the tokens slowed (set at the first slow move, cleared when they
+        # speed up): the level a slowdown's end returns to, known, so tested as a level
+        self.before_unit_s: float | None = None
+        self.back_sum = 0.0  # the return test's statistic (a CUSUM between the two levels)
         self.restore: int | None = None  # the target a slowdown cut, to come back to
         # the target a raise for waiting mandatory work left to spend the SLO's margin (TPOT
         # over high_ratio): where it goes back to once the queue is gone
@@ -178,6 +191,7 @@ class TpotGuard:
             "speed_unit_s": self.speed_unit_s, "restore": self.restore,
             "margin_from": self.margin_from, "margin_spoiled": self.margin_spoiled,
             "last_unit_s": self.last_unit_s, "jitter": list(self.jitter),
+            "before_unit_s": self.before_unit_s, "back_sum": self.back_sum,
         }  # fmt: skip
 
     def recall(self, memory: dict[str, Any]) -> None:
@@ -192,6 +206,8 @@ class TpotGuard:
             restore = memory["restore"]
             margin_from = memory.get("margin_from")  # absent in a memory from before it
             spoiled = bool(memory.get("margin_spoiled", False))
+            before_unit = memory.get("before_unit_s")  # absent before the return test
+            back_sum = float(memory.get("back_sum", 0.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a TPOT guard's memory: {exc!r}") from exc
         c = self.config
@@ -207,6 +223,8 @@ class TpotGuard:
         self.restore = None if restore is None else int(restore)
         self.margin_from = None if margin_from is None else int(margin_from)
         self.margin_spoiled = spoiled
+        self.before_unit_s = None if before_unit is None else float(before_unit)
+        self.back_sum = back_sum
 
     def step(
         self,
@@ -374,6 +392,30 @@ class TpotGuard:
         fresh = math.floor(c.doubling_batch * (c.high_ratio * slo_s / unit_s - 1.0))
         return max(c.min_batch, min(c.max_batch, fresh))
 
+    def _back(self, unit_s: float) -> bool:
+        """Whether the tokens are back at the speed they ran before they slowed. That level
+        is known (a slowdown that ends returns to it), so the readings are tested between
+        it and the level set since, not against the noise a move to an unknown level must
+        pass: Page's CUSUM of each reading's log-likelihood ratio of the two levels (one
+        reading's noise is the jitter of a step over the square root of 2), over ``ln(1 /
+        speed_back_alpha)``. A gap of six of one reading's sigmas is told in one reading, a
+        smaller one takes more (held-out seed 59: an 11% slowdown in a rack's feed loss,
+        its return never past the jitter, 0.10 and, with the return in it, 0.14; the budget
+        waited out its window for room that was real)."""
+        before, now = self.before_unit_s, self.speed_unit_s
+        if before is None or now is None or not now > before:
+            self.back_sum = 0.0
+            return False
+        gap, x = math.log(now / before), math.log(unit_s / before)
+        # the noise now: the jitter's, or its last few steps' if more (a rack's caps may
+        # shake the readings more than the window has seen yet; a false return is the risk)
+        recent = list(itertools.islice(reversed(self.jitter), 2 * self.config.trend_window))
+        sigma = max(self._jitter_sigma(), 1.4826 * median(recent)) / math.sqrt(2.0)
+        if sigma <= 0.0:  # no jitter seen: the nearer level is the level
+            return x < 0.5 * gap
+        self.back_sum = max(0.0, self.back_sum + (0.5 * gap - x) * gap / sigma**2)
+        return self.back_sum > math.log(1.0 / self.config.speed_back_alpha)
+
     def _speed(self, unit_s: float | None, slo_s: float, before: int) -> BatchDecision | None:
         """The ceiling, moved when the token speed has moved past its noise; a decision when
         that changes the target."""
@@ -392,9 +434,14 @@ class TpotGuard:
         if len(self.jitter) < c.speed_min_history:
             return None
         moved = math.log(unit_s / self.speed_unit_s)
-        if abs(moved) <= self._speed_noise():
+        if abs(moved) <= self._speed_noise() and not self._back(unit_s):
             return None
         change = f"{math.exp(moved) - 1:+.0%} since it was last set"
+        if moved > 0 and self.before_unit_s is None:
+            self.before_unit_s = self.speed_unit_s
+        elif moved < 0:
+            self.before_unit_s = None
+        self.back_sum = 0.0
         self.speed_moved, self.speed_unit_s = unit_s / self.speed_unit_s, unit_s
         # a new ceiling: the margin is spent from it, if at all
         self.margin_from, self.margin_spoiled = None, False

@@ -41,7 +41,7 @@ from controllers.shedding import (
     WorkClass,
 )
 from controllers.stages import Clamp, RateLimit, Stabiliser, StageReason, Stages, Tolerance
-from controllers.tpot_guard import BatchReason, TpotGuard, TpotGuardConfig
+from controllers.tpot_guard import BatchDecision, BatchReason, TpotGuard, TpotGuardConfig
 
 PERIOD = 10.0
 
@@ -413,6 +413,37 @@ def test_tpot_guard_takes_a_speed_change_only_past_the_noise_it_has_seen() -> No
     # under 0.95 of the SLO: 128 * (0.95 * 60 / 27 - 1) = 142, at 35 ms 80
     assert slowed(0.005, 1.08) == (256, 142)
     assert slowed(0.03, 1.4) == (256, 80)
+
+
+def test_tpot_guard_sees_the_tokens_back_at_their_old_speed_through_jitter_past_the_gap() -> None:
+    # 18 ms a token, the readings 3% apart period to period: a move must pass 4 robust
+    # sigmas of that jitter, 0.175 as a log ratio. A 20% slowdown (0.182) passes, and is cut
+    g = TpotGuard(TpotGuardConfig(max_batch=256))
+
+    def read(unit_s: float) -> BatchDecision:
+        return g.step(tpot_p95_s=0.035, slo_s=0.06, batch_in_use=100, unit_tpot_s=unit_s)
+
+    for n in range(30):
+        read(0.018 * (1.03 if n % 2 else 1.0))
+    assert 0.17 < g._speed_noise() < math.log(1.2)
+    d = read(0.018 * 1.2)
+    assert (d.reason, d.target) == (BatchReason.TOKEN_SPEED, 209)
+    # through the slowdown the readings shake 4.5% apart (a rack's caps move the clocks):
+    # the jitter grows past the slowdown's own size, and no reading of the slowed level,
+    # high or low, is taken for the old one
+    for n in range(20):
+        assert read(0.018 * 1.2 * (1.045 if n % 2 else 1.0)).target == 209
+    assert g._speed_noise() > math.log(1.2)
+    # the tokens back at 18 ms: past no noise, but the level they left, known, and told
+    # from the slowed one by the gap and one reading's noise; the cut cap comes back
+    d = read(0.018)
+    assert (d.reason, d.target) == (BatchReason.TOKEN_SPEED, 256)
+    assert g.speed_moved == pytest.approx(1 / 1.2) and g.before_unit_s is None
+    # a memory from before the test was kept is still read: no level to return to
+    old = g.remember()
+    del old["before_unit_s"], old["back_sum"]
+    g.recall(old)
+    assert (g.before_unit_s, g.back_sum) == (None, 0.0)
 
 
 def test_tpot_guard_raises_a_cap_that_work_waits_behind_while_tpot_has_room() -> None:
