@@ -75,7 +75,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -380,10 +379,12 @@ class TpotGuard:
         noise = self._jitter_sigma() / math.sqrt(2.0)
         return max(c.high_ratio, 1.0 - max(c.queue_margin, 3.0 * noise))
 
-    def _jitter_sigma(self) -> float:
+    def _jitter_sigma(self, last: int | None = None) -> float:
         """The token speed's period-to-period jitter as a standard deviation: its median
-        absolute step, scaled as the MAD is (robust to the steps a slowdown makes)."""
-        return 1.4826 * median(self.jitter) if self.jitter else 0.0
+        absolute step, scaled as the MAD is (robust to the steps a slowdown makes); of the
+        ``last`` steps only, if given."""
+        steps = list(self.jitter) if last is None else list(self.jitter)[-last:]
+        return 1.4826 * median(steps) if steps else 0.0
 
     def _ceiling_at(self, unit_s: float, slo_s: float) -> int:
         """The largest batch whose TPOT stays under ``high_ratio`` of the SLO at a token
@@ -399,7 +400,7 @@ class TpotGuard:
         pass: Page's CUSUM of each reading's log-likelihood ratio of the two levels (one
         reading's noise is the jitter of a step over the square root of 2), over ``ln(1 /
         speed_back_alpha)``. A gap of six of one reading's sigmas is told in one reading, a
-        smaller one takes more (held-out seed 59: an 11% slowdown in a rack's feed loss,
+        smaller one takes more (fresh seed 59: an 11% slowdown in a rack's feed loss,
         its return never past the jitter, 0.10 and, with the return in it, 0.14; the budget
         waited out its window for room that was real)."""
         before, now = self.before_unit_s, self.speed_unit_s
@@ -409,8 +410,8 @@ class TpotGuard:
         gap, x = math.log(now / before), math.log(unit_s / before)
         # the noise now: the jitter's, or its last few steps' if more (a rack's caps may
         # shake the readings more than the window has seen yet; a false return is the risk)
-        recent = list(itertools.islice(reversed(self.jitter), 2 * self.config.trend_window))
-        sigma = max(self._jitter_sigma(), 1.4826 * median(recent)) / math.sqrt(2.0)
+        recent = self._jitter_sigma(last=2 * self.config.trend_window)
+        sigma = max(self._jitter_sigma(), recent) / math.sqrt(2.0)
         if sigma <= 0.0:  # no jitter seen: the nearer level is the level
             return x < 0.5 * gap
         self.back_sum = max(0.0, self.back_sum + (0.5 * gap - x) * gap / sigma**2)

@@ -232,6 +232,7 @@ class CommonMode:
             return self._cache[slot]
         values: list[float] = []
         by_node: dict[GroupKey | None, list[float]] = {}
+        per_node = key.kind == "rack" and not counted(name)  # a rack's level: _least_node
         over = 0
         for device_uuid in self.members.get(key, ()):
             r = self.reading_of(device_uuid, name, at_s)
@@ -239,12 +240,12 @@ class CommonMode:
                 continue
             values.append(r.value)
             over += over_threshold(r)
-            if key.kind == "rack":
+            if per_node:
                 by_node.setdefault(self.of_device[device_uuid].get("node"), []).append(r.value)
         result = None
         if len(values) >= MIN_MEMBERS:
             median = statistics.median(values)
-            if not counted(name):
+            if per_node:
                 median = min(median, _least_node(by_node))
             result = GroupReading(median, over / len(values), len(values))
         self._cache[slot], self._cached_at[slot] = result, at_s
